@@ -1,0 +1,1 @@
+"""miles (Megatron + SGLang + Ray): render its launch, parse its logs."""

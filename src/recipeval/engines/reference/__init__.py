@@ -1,0 +1,1 @@
+"""The built-in reference engine: a small, real GRPO loop (torch + transformers)."""

@@ -1,0 +1,37 @@
+"""Render a recipe for the built-in reference engine: the same flag families as miles,
+run by this package's own interpreter (the engine ships with the launcher)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+
+from recipeval.engines.launch import Launch, Resources, cluster_flags, flag_words, model_flags
+from recipeval.recipe.load import recipe_sha256
+from recipeval.recipe.resolve import Resolved
+
+MODULE = "recipeval.engines.reference"
+
+
+def render(resolved: Resolved, environ: Mapping[str, str] | None = None) -> Launch:
+    recipe = resolved.recipe
+    argv = [
+        sys.executable,
+        "-m",
+        MODULE,
+        *model_flags(resolved),
+        *cluster_flags(resolved),
+        *flag_words(resolved.args),
+    ]
+    env = {"PYTHONUNBUFFERED": "1", **resolved.env}
+    return Launch(
+        argv=argv,
+        env=env,
+        entrypoint=argv,
+        runtime_env={"env_vars": env},
+        resources=Resources(recipe.cluster.nodes, recipe.cluster.gpus_per_node),
+        recipe_sha256=recipe_sha256(recipe),
+        engine="reference",
+        stage=resolved.stage,
+        variant=resolved.variant,
+    )

@@ -1,0 +1,38 @@
+"""Errors a user can act on: each renders as one line naming the file, line and key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class RecipeError(Exception):
+    """Bad input in a recipe file; the CLI prints `str(err)` and exits 2."""
+
+    file: Path | str
+    message: str
+    key: str | None = None
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = str(self.file)
+        if self.line is not None:
+            where += f":{self.line}"
+        key = f" {self.key}:" if self.key else ""
+        return f"{where}:{key} {self.message}"
+
+
+class UsageError(Exception):
+    """Bad command-line input that is not about one recipe file (exit 2)."""
+
+
+@dataclass
+class SettingError(Exception):
+    """A recipe key whose value cannot be used here; the caller adds file and line."""
+
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}"

@@ -1,0 +1,152 @@
+"""StageResult: what every stage writes to results/<recipe>/<stage>.json."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import platform
+import re
+import socket
+import subprocess
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Status = Literal["pass", "fail", "error", "skipped"]
+Severity = Literal["error", "warning", "info"]
+
+# Names of environment variables whose values are secrets; never written anywhere we write.
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH)", re.I)
+REDACTED = "***"
+
+TRACKED_PACKAGES = ("recipeval", "torch", "transformers", "megatron-core", "sglang", "ray", "snakemake")
+
+
+class Check(BaseModel):
+    id: str
+    ok: bool
+    severity: Severity = "error"
+    message: str = ""
+    key: str | None = Field(None, description="dotted recipe key the check is about")
+    value: Any = None
+    threshold: Any = None
+
+
+class Provenance(BaseModel):
+    recipe: str
+    recipe_path: str | None = None
+    recipe_sha256: str
+    stage: str
+    host: str = Field(default_factory=socket.gethostname)
+    user: str | None = None
+    started: str | None = None
+    finished: str | None = None
+    packages: dict[str, str] = Field(default_factory=dict)
+    gpu: str | None = None
+    trainer_revision: str | None = None
+    launcher_revision: str | None = None
+    python: str = Field(default_factory=platform.python_version)
+
+
+class StageResult(BaseModel):
+    stage: str
+    recipe: str
+    status: Status
+    checks: list[Check] = Field(default_factory=list)
+    summary: dict[str, Any] = Field(default_factory=dict)
+    provenance: Provenance
+    artifacts: dict[str, str] = Field(default_factory=dict, description="name -> path")
+    message: str = ""
+
+    def failed_checks(self, severity: Severity = "error") -> list[Check]:
+        return [c for c in self.checks if not c.ok and c.severity == severity]
+
+
+def status_from_checks(checks: list[Check]) -> Status:
+    return "fail" if any(not c.ok and c.severity == "error" for c in checks) else "pass"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str]:
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def git_revision(path: Path) -> str | None:
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+def provenance(
+    recipe_name: str, recipe_sha256: str, stage: str, recipe_path: Path | None = None,
+    started: str | None = None,
+) -> Provenance:
+    return Provenance(
+        recipe=recipe_name,
+        recipe_path=str(recipe_path) if recipe_path else None,
+        recipe_sha256=recipe_sha256,
+        stage=stage,
+        user=_user(),
+        started=started or now_iso(),
+        packages=package_versions(),
+        launcher_revision=git_revision(Path(__file__).resolve().parent),
+    )
+
+
+def _user() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """Copy of env with secret values replaced; names stay so a diff still shows them."""
+    return {k: (REDACTED if SECRET_NAME.search(k) else v) for k, v in env.items()}
+
+
+def secret_values(environ: dict[str, str] | None = None) -> list[str]:
+    """Values of secret-named variables in the environment (at least 6 chars, to avoid
+    masking common short words)."""
+    environ = dict(os.environ) if environ is None else environ
+    return sorted(
+        {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 6}, key=len, reverse=True
+    )
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """Replace every secret value in text; used on logs and messages we write."""
+    for value in secrets:
+        text = text.replace(value, REDACTED)
+    return text
+
+
+def write_result(result: StageResult, path: Path) -> Path:
+    """Write atomically (temp file + rename) so a crash never leaves half a JSON behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = scrub(result.model_dump_json(indent=2), secret_values())
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_result(path: Path) -> StageResult:
+    return StageResult.model_validate_json(path.read_text())
