@@ -16,11 +16,20 @@ class RecipeError(Exception):
     line: int | None = None
 
     def __str__(self) -> str:
-        where = str(self.file)
+        where = _display(self.file)
         if self.line is not None:
             where += f":{self.line}"
         key = f" {self.key}:" if self.key else ""
         return f"{where}:{key} {self.message}"
+
+
+def _display(file: Path | str) -> str:
+    """A path relative to the working directory when it lies below it, as the user typed it."""
+    path = Path(file)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(file)
 
 
 class UsageError(Exception):

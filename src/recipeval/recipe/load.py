@@ -224,16 +224,11 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        errors = []
-        for err in exc.errors():
-            loc = tuple(p for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-"))
-            # pydantic adds the union member's type name to the path; drop those parts.
-            loc = tuple(p for p in loc if p not in ("str", "int", "float", "bool", "list[union[str,int,float]]"))
-            key = ".".join(str(p) for p in loc) or None
-            probe = LoadedRecipe(recipe=None, path=file, files=files, origins=loaded_origins)  # type: ignore[arg-type]
-            ofile, line = probe.origin(loc)
-            errors.append(RecipeError(ofile, _describe(err, _fields_at(loc)), key, line))
-        raise RecipeErrors(_dedupe(errors)) from None
+        probe = LoadedRecipe(recipe=None, path=file, files=files, origins=loaded_origins)  # type: ignore[arg-type]
+        raise RecipeErrors([
+            RecipeError(*probe.origin(loc)[:1], message, ".".join(map(str, loc)) or None, probe.origin(loc)[1])
+            for loc, message in _messages(exc)
+        ]) from None
     loaded = LoadedRecipe(recipe=recipe, path=file, files=files, origins=loaded_origins)
     problems = _cross_checks(recipe)
     if problems:
@@ -241,11 +236,28 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
     return loaded
 
 
-def _dedupe(errors: list[RecipeError]) -> list[RecipeError]:
-    seen: set[str] = set()
+def _messages(exc: ValidationError) -> list[tuple[tuple[Any, ...], str]]:
+    """One message per key. A union (e.g. an `args` value) fails once per member type; those
+    collapse into a single 'expected one of' message."""
+    by_loc: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        # pydantic appends the union member's type to the path (args.x.str, args.x.list[...]).
+        while loc and isinstance(loc[-1], str) and (loc[-1] in _UNION_TAGS or "[" in loc[-1]):
+            loc = loc[:-1]
+        by_loc.setdefault(loc, []).append(err)
     out = []
-    for e in errors:
-        if str(e) not in seen:
-            seen.add(str(e))
-            out.append(e)
+    for loc, errs in by_loc.items():
+        if len(errs) == 1:
+            out.append((loc, _describe(errs[0], _fields_at(loc))))
+            continue
+        value = errs[0].get("input")
+        out.append((
+            loc,
+            "expected a string, number, true/false, a list of scalars, or null"
+            f" (got {type(value).__name__} {value!r})",
+        ))
     return out
+
+
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "none"}

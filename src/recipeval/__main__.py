@@ -1,0 +1,3 @@
+from recipeval.cli import main
+
+main()

@@ -1,0 +1,95 @@
+"""`recipeval validate` and `schema` through the CLI, on real and broken recipe files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import PR_RECIPE, RECIPES, REPO
+
+BAD = REPO / "tests" / "recipes" / "bad"
+
+# file -> (dotted key expected in the message, or None for file-level problems; text expected)
+BAD_CASES = {
+    "syntax-error.yaml": (None, "YAML syntax error"),
+    "unknown-key.yaml": ("parallel.pipline", "unknown key"),
+    "wrong-type.yaml": ("model.layers", "valid integer"),
+    "missing-parent.yaml": ("extends", "not found"),
+    "cycle-a.yaml": ("extends", "cycle"),
+    "not-a-mapping.yaml": (None, "expected a mapping"),
+    "empty.yaml": (None, "empty file"),
+    "binary.yaml": (None, "binary file"),
+    "impossible-value.yaml": ("cluster.nodes", "greater than 0"),
+    "env-bool.yaml": ("env.SOME_SWITCH", "quote"),
+    "derived-flag.yaml": ("args.tensor-model-parallel-size", "parallel.tp"),
+    "bad-arg-value.yaml": ("args.eps-clip", "expected a string, number"),
+}
+
+
+def test_every_shipped_recipe_validates(cli):
+    recipes = sorted(p for p in RECIPES.glob("*/*.yaml") if p.parent.name != "base")
+    assert len(recipes) >= 4
+    proc = cli("validate", *map(str, recipes))
+    assert proc.returncode == 0, proc.stderr
+    assert sum(line.startswith("ok ") for line in proc.stdout.splitlines()) == len(recipes)
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CASES))
+def test_bad_recipe_gives_one_line_error_and_exit_2(cli, name):
+    key, text = BAD_CASES[name]
+    proc = cli("validate", str(BAD / name))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    line = lines[0]
+    assert "Traceback" not in proc.stderr
+    assert f"tests/recipes/bad/{name}" in line or name.startswith("cycle")
+    assert name.split("-")[0] in line
+    if key:
+        assert f" {key}:" in line, line
+    assert text in line, line
+
+
+def test_error_points_at_the_line_that_set_the_key(cli):
+    proc = cli("validate", str(BAD / "unknown-key.yaml"))
+    assert "unknown-key.yaml:4:" in proc.stderr
+
+
+def test_error_in_parent_names_the_parent_file(cli, tmp_path):
+    parent = tmp_path / "parent.yaml"
+    parent.write_text((RECIPES / "local" / "tiny-grpo-cpu.yaml").read_text().replace(
+        "hidden_size: 64", "hidden_size: -64"))
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: parent.yaml\nname: child\n")
+    proc = cli("validate", str(child))
+    assert proc.returncode == 2
+    assert "parent.yaml:" in proc.stderr and "model.hidden_size" in proc.stderr
+
+
+def test_validate_reports_every_bad_file_and_still_checks_good_ones(cli):
+    proc = cli("validate", str(PR_RECIPE), str(BAD / "empty.yaml"), str(BAD / "wrong-type.yaml"))
+    assert proc.returncode == 2
+    assert "ok " in proc.stdout
+    assert len(proc.stderr.strip().splitlines()) == 2
+
+
+def test_unknown_stage_is_a_usage_error(cli):
+    proc = cli("render", str(PR_RECIPE), "--stage", "smok")
+    assert proc.returncode == 2
+    assert "smok" in proc.stderr and "smoke" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_schema_is_json_schema_with_the_recipe_keys(cli):
+    proc = cli("schema")
+    assert proc.returncode == 0
+    schema = json.loads(proc.stdout)
+    assert set(schema["properties"]) >= {
+        "name", "extends", "engine", "platform", "cluster", "model", "parallel", "args", "env",
+        "stages", "expect",
+    }
+    assert schema["additionalProperties"] is False
+    parallel = schema["$defs"]["Parallel"]["properties"]
+    assert set(parallel) == {"tp", "sequence_parallel", "pp", "pp_first_stage_layers",
+                             "pp_last_stage_layers", "cp", "ep", "etp"}

@@ -1,0 +1,155 @@
+"""`recipeval render`: the exact miles launch, pinned by a golden file, and no shell ever
+interpreting a recipe value."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import PR_RECIPE, REPO, clean_env
+
+GOLDEN = REPO / "tests" / "golden" / "deepseek-v4-flash-4node-mi355x.render.json"
+HOSTILE = ["; rm -rf / #", "$(reboot)", "`id`", "a'b\"c", "x\ny", "*", "$HOME"]
+
+
+def _render(cli, recipe: Path, *extra: str, env: dict[str, str] | None = None) -> dict:
+    proc = cli("render", str(recipe), "--format", "json", *extra, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _flag(argv: list[str], flag: str) -> str | bool:
+    if flag not in argv:
+        raise AssertionError(f"{flag} missing from argv")
+    i = argv.index(flag)
+    nxt = argv[i + 1] if i + 1 < len(argv) else ""
+    return True if nxt.startswith("--") or not nxt else nxt
+
+
+def test_pr_recipe_renders_the_launch_of_pr_2139(cli):
+    launch = _render(cli, PR_RECIPE)
+    argv = launch["argv"]
+    assert argv[:3] == ["ray", "job", "submit"]
+    sep = argv.index("--")
+    assert argv[sep + 1:sep + 3] == ["python3", "/root/miles/train.py"]
+    assert launch["entrypoint"] == argv[sep + 1:]
+    expected = {
+        "--tensor-model-parallel-size": "4",
+        "--sequence-parallel": True,
+        "--pipeline-model-parallel-size": "4",
+        "--decoder-first-pipeline-num-layers": "11",
+        "--decoder-last-pipeline-num-layers": "10",
+        "--context-parallel-size": "1",
+        "--expert-model-parallel-size": "8",
+        "--expert-tensor-parallel-size": "1",
+        "--rollout-max-response-len": "8192",
+        "--sglang-mem-fraction-static": "0.5",
+        "--optimizer-offload-fraction": "0.75",
+        "--actor-num-nodes": "4",
+        "--actor-num-gpus-per-node": "8",
+        "--colocate": True,
+    }
+    for flag, value in expected.items():
+        assert _flag(argv, flag) == value, flag
+    env = launch["runtime_env"]["env_vars"]
+    pr_env = {
+        "SGLANG_SKIP_CHECKPOINT_LOAD_CHECK": "1",
+        "SGLANG_DSV4_FP4_EXPERTS": "0",
+        "SGLANG_HACK_FLASHMLA_BACKEND": "unified_kv_triton",
+        "SGLANG_OPT_USE_COMPRESSOR_V2": "true",
+        "SGLANG_OPT_USE_TILELANG_INDEXER": "true",
+        "SGLANG_OPT_USE_JIT_NORM": "true",
+        "SGLANG_OPT_USE_FUSED_COMPRESS": "true",
+        "SGLANG_HEALTH_CHECK_TIMEOUT": "120",
+        "AITER_BF16_FP8_MOE_BOUND": "0",
+    }
+    assert {k: env[k] for k in pr_env} == pr_env
+    assert {k: launch["env"][k] for k in pr_env} == pr_env
+    assert launch["resources"] == {"nodes": 4, "gpus_per_node": 8}
+    runtime_json = next(a for a in argv if a.startswith("--runtime-env-json="))
+    assert json.loads(runtime_json.split("=", 1)[1]) == launch["runtime_env"]
+
+
+def test_pr_recipe_matches_golden(cli):
+    launch = _render(cli, PR_RECIPE)
+    if os.environ.get("RECIPEVAL_UPDATE_GOLDEN"):
+        GOLDEN.write_text(json.dumps(launch, indent=2) + "\n")
+    assert launch == json.loads(GOLDEN.read_text())
+
+
+def test_checkout_paths_come_from_the_environment(cli):
+    launch = _render(cli, PR_RECIPE, env=clean_env(MILES_DIR="/opt/miles", MEGATRON_PATH="/opt/mlm",
+                                                   RAY_ADDRESS="http://head:8265"))
+    assert launch["entrypoint"][1] == "/opt/miles/train.py"
+    assert launch["runtime_env"]["env_vars"]["PYTHONPATH"] == "/opt/miles:/opt/mlm"
+    assert not any(a.startswith("--address") for a in launch["argv"])
+
+
+def test_missing_checkout_path_is_a_clear_error(cli, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"extends: {PR_RECIPE}\npaths: {{miles: null}}\n")
+    proc = cli("render", str(recipe))
+    assert proc.returncode == 2
+    assert "paths.miles" in proc.stderr and "MILES_DIR" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_stage_overlay_changes_the_launch(cli):
+    smoke = _render(cli, PR_RECIPE, "--stage", "smoke")
+    assert _flag(smoke["argv"], "--num-rollout") == "2"
+    assert "--eval-interval" not in smoke["argv"]
+
+
+@pytest.fixture
+def hostile_recipe(tmp_path: Path) -> Path:
+    recipe = tmp_path / "hostile.yaml"
+    args = {f"hostile-{i}": v for i, v in enumerate(HOSTILE)}
+    env = {f"HOSTILE_{i}": v for i, v in enumerate(HOSTILE)}
+    recipe.write_text(
+        f"extends: {PR_RECIPE}\nargs: {json.dumps(args)}\nenv: {json.dumps(env)}\n"
+    )
+    return recipe
+
+
+def test_hostile_values_are_literal_words_in_json(cli, hostile_recipe):
+    launch = _render(cli, hostile_recipe)
+    for i, value in enumerate(HOSTILE):
+        assert _flag(launch["argv"], f"--hostile-{i}") == value
+        assert launch["runtime_env"]["env_vars"][f"HOSTILE_{i}"] == value
+
+
+def test_shell_form_passes_every_word_literally(cli, hostile_recipe, tmp_path):
+    """Run the rendered script with a `ray` that records its argv: the shell must hand over
+    exactly the JSON argv, and run nothing else."""
+    launch = _render(cli, hostile_recipe)
+    proc = cli("render", str(hostile_recipe), "--format", "shell")
+    assert proc.returncode == 0, proc.stderr
+    script = tmp_path / "launch.sh"
+    script.write_text(proc.stdout)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake_ray = bindir / "ray"
+    record = tmp_path / "argv.json"
+    fake_ray.write_text(
+        "#!/usr/bin/env python3\nimport json, sys\n"
+        f"json.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n"
+    )
+    fake_ray.chmod(fake_ray.stat().st_mode | stat.S_IXUSR)
+    env = clean_env(PATH=f"{bindir}:{os.environ['PATH']}", HOME=str(tmp_path))
+    run = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(record.read_text()) == launch["argv"][1:]
+
+
+def test_reference_recipe_shell_form_exports_env(cli, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"extends: {REPO / 'recipes/local/tiny-grpo-cpu.yaml'}\n"
+                      "env: {HOSTILE: '$(reboot)'}\n")
+    proc = cli("render", str(recipe))
+    assert proc.returncode == 0, proc.stderr
+    assert "export HOSTILE='$(reboot)'" in proc.stdout
