@@ -14,7 +14,10 @@ VENV=${RECIPEVAL_VENV:-.venv}
 TORCH_SPEC=${RECIPEVAL_TORCH:-torch==2.13.0}
 
 inputs_hash() {
-  cat pyproject.toml envs/sglang-cpu.txt scripts/setup.sh 2>/dev/null | sha256sum | cut -c1-16
+  local f
+  for f in pyproject.toml envs/sglang-cpu.txt scripts/setup.sh scripts/install-profiles.sh; do
+    [ -f "$f" ] && cat "$f"
+  done | sha256sum | cut -c1-16
 }
 stamp="$VENV/.recipeval-setup-$(inputs_hash)"
 if [ -f "$stamp" ]; then
