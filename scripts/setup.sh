@@ -16,7 +16,7 @@ TORCH_SPEC=${RECIPEVAL_TORCH:-torch==2.13.0}
 inputs_hash() {
   local f
   for f in pyproject.toml envs/sglang-cpu.txt scripts/setup.sh scripts/install-profiles.sh; do
-    [ -f "$f" ] && cat "$f"
+    if [ -f "$f" ]; then cat "$f"; fi
   done | sha256sum | cut -c1-16
 }
 stamp="$VENV/.recipeval-setup-$(inputs_hash)"
