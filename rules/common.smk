@@ -1,0 +1,194 @@
+# The recipe table, input functions and resources shared by every rule.
+import glob
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from recipeval.recipe import RecipeErrors, load_recipe
+
+validate(config, workflow.source_path("../config/config.schema.yaml"))
+
+RESULTS = config["results"]
+STAGES = ("env_check", "smoke", "logprob_diff", "bench")
+SELECTED = [s for s in STAGES if s in config["stages"]]
+LAUNCHER_ENV = "../envs/recipeval.yaml"
+# `--config gpu_group=none` (or null, or empty) submits each GPU stage as its own job.
+GPU_GROUP = (
+    None
+    if str(config["gpu_group"]).lower() in ("", "none", "null")
+    else config["gpu_group"]
+)
+
+
+@dataclass(frozen=True)
+class RecipeRow:
+    """What the DAG needs to know about one recipe file."""
+
+    name: str
+    path: str
+    sha256: str
+    nodes: int
+    gpus_per_node: int
+    gpu: str | None
+    timeout_s: dict
+
+
+def _recipe_paths(selection):
+    paths = {p for pattern in selection["globs"] for p in glob.glob(pattern)}
+    paths |= set(selection["files"])
+    excluded = {p for pattern in selection["exclude"] for p in glob.glob(pattern)}
+    return sorted(paths - excluded)
+
+
+def _load_row(path):
+    loaded = load_recipe(path)
+    recipe = loaded.recipe
+    timeouts = {s: getattr(recipe.stages, s).timeout for s in STAGES}
+    return RecipeRow(
+        name=recipe.name,
+        path=path,
+        sha256=loaded.sha256,
+        nodes=recipe.cluster.nodes,
+        gpus_per_node=recipe.cluster.gpus_per_node,
+        gpu=recipe.cluster.gpu,
+        timeout_s=timeouts,
+    )
+
+
+def recipe_table(selection):
+    """name -> RecipeRow; a bad or duplicate recipe stops the workflow with one line each."""
+    rows, problems = {}, []
+    for path in _recipe_paths(selection):
+        if not Path(path).is_file():
+            problems.append(f"{path}: recipe file not found (config recipes.files)")
+            continue
+        try:
+            row = _load_row(path)
+        except RecipeErrors as errs:
+            problems.extend(str(e) for e in errs.errors)
+            continue
+        if row.name in rows:
+            problems.append(
+                f"{path}: name {row.name!r} is also used by {rows[row.name].path}; "
+                "recipe names must be unique (they name the results folder)"
+            )
+            continue
+        rows[row.name] = row
+    if problems:
+        raise WorkflowError("invalid recipes:\n" + "\n".join(problems))
+    return rows
+
+
+RECIPES = recipe_table(config["recipes"])
+
+
+wildcard_constraints:
+    recipe="[A-Za-z0-9][A-Za-z0-9._-]*",
+
+
+# ---- paths -------------------------------------------------------------------------------
+
+
+def result_path(recipe, stage):
+    return f"{RESULTS}/{recipe}/{stage}.json"
+
+
+def all_results():
+    return [result_path(r, s) for r in RECIPES for s in SELECTED]
+
+
+# ---- input functions ------------------------------------------------------------------------
+
+
+def recipe_file(wildcards):
+    return RECIPES[wildcards.recipe].path
+
+
+def recipe_sha256(wildcards):
+    """A params value: editing a recipe (or a file it extends) reruns exactly its jobs."""
+    return RECIPES[wildcards.recipe].sha256
+
+
+def gate_stages(stage):
+    """The selected stages whose pass this stage requires."""
+    gates = {
+        "env_check": [],
+        "smoke": ["env_check"],
+        "logprob_diff": ["smoke"],
+        "bench": ["smoke"],
+    }
+    wanted = gates[stage]
+    if stage != "smoke" and "smoke" not in SELECTED:
+        wanted = ["env_check"]
+    return [s for s in wanted if s in SELECTED]
+
+
+def before_stages(stage):
+    """Gates plus ordering-only predecessors: bench waits for logprob_diff so the two never
+    share a machine (timing), but a logprob_diff failure does not skip bench."""
+    order = gate_stages(stage)
+    if stage == "bench" and "logprob_diff" in SELECTED:
+        order = order + ["logprob_diff"]
+    return order
+
+
+def stage_inputs(stage):
+    def inputs(wildcards):
+        return {
+            "recipe": RECIPES[wildcards.recipe].path,
+            "before": [result_path(wildcards.recipe, s) for s in before_stages(stage)],
+        }
+
+    return inputs
+
+
+def require_args(stage):
+    def args(wildcards):
+        out = []
+        for gate in gate_stages(stage):
+            out += ["--require", result_path(wildcards.recipe, gate)]
+        return out
+
+    return args
+
+
+# `--runner` for the GPU stages: the configured one, else the stage's default (slurm inside
+# a Slurm allocation, ray where installed, local otherwise), so no profile has to set it.
+RUNNER = f"--runner {config['runner']}" if config["runner"] else ""
+
+
+# ---- resources ------------------------------------------------------------------------------
+
+
+def runtime_min(stage):
+    """Scheduler time limit: the stage's own timeout fires first and still writes a result."""
+
+    def runtime(wildcards):
+        seconds = RECIPES[wildcards.recipe].timeout_s[stage]
+        minutes = seconds / 60 if seconds else config["default_timeout_min"][stage]
+        return math.ceil(
+            minutes * config["runtime_factor"] + config["runtime_margin_min"]
+        )
+
+    return runtime
+
+
+def nodes(wildcards):
+    return RECIPES[wildcards.recipe].nodes
+
+
+def gpu_gres(wildcards):
+    """GPUs per node as a GRES string (per node, unlike --gpus, which counts the whole job);
+    empty for CPU recipes. `tasks` is never set: with a GPU request the Slurm plugin turns
+    it into --ntasks-per-gpu."""
+    row = RECIPES[wildcards.recipe]
+    if not row.gpus_per_node:
+        return ""
+    kind = config["gpu_gres_type"]
+    if kind == "auto":
+        kind = (row.gpu or "").lower()
+    return f"gpu:{kind}:{row.gpus_per_node}" if kind else f"gpu:{row.gpus_per_node}"
