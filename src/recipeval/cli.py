@@ -118,6 +118,102 @@ def schema() -> None:
     print(json.dumps(Recipe.model_json_schema(), indent=2))
 
 
+# Options every run stage takes (smoke, logprob-diff, bench): the stage command contract.
+StageRecipeArg = Annotated[Path | None, typer.Argument(help="recipe YAML file", show_default=False)]
+RecipeOpt = Annotated[Path | None, typer.Option("--recipe", help="recipe YAML file (or positional)")]
+OutOpt = Annotated[Path, typer.Option("--out", help="results folder for this recipe")]
+RunnerOpt = Annotated[
+    str | None, typer.Option("--runner", help="local | ray | slurm (default: slurm in an allocation, ray when installed, else local)")
+]
+FromLogOpt = Annotated[Path | None, typer.Option("--from-log", help="judge this existing log; launch nothing")]
+RequireOpt = Annotated[
+    list[Path] | None, typer.Option("--require", help="gate StageResult JSON that must be pass")
+]
+ExitZeroOpt = Annotated[bool, typer.Option("--exit-zero", help="exit 0 whenever a result was written")]
+
+
+def stage_request(stage: str, recipe: Path | None, recipe_opt: Path | None, out: Path,
+                  runner: str | None, from_log: Path | None, require: list[Path] | None,
+                  exit_zero: bool):  # -> StageRequest
+    from recipeval.runners import RUNNERS
+    from recipeval.stages.common import StageRequest
+
+    if (recipe is None) == (recipe_opt is None):
+        _die("give the recipe once: as an argument or with --recipe")
+    if runner is not None and runner not in RUNNERS:
+        _die(f"--runner {runner!r} is not a runner; choose one of: {', '.join(RUNNERS)}")
+    loaded = load_or_exit(recipe or recipe_opt)
+    return StageRequest(stage=stage, loaded=loaded, out=out, runner=runner, from_log=from_log,
+                        require=list(require or []), exit_zero=exit_zero)
+
+
+def stage_exit(result, exit_zero: bool) -> NoReturn:  # result: StageResult
+    """Print the verdict line and exit with the stage's code (0 with --exit-zero)."""
+    from recipeval.stages.common import exit_code
+
+    first_line = result.message.splitlines()[0] if result.message else ""
+    print(f"{result.stage} {result.status}: {result.recipe}" + (f": {first_line}" if first_line else ""))
+    raise typer.Exit(exit_code(result, exit_zero))
+
+
+@app.command()
+def smoke(
+    recipe: StageRecipeArg = None,
+    recipe_opt: RecipeOpt = None,
+    out: OutOpt = Path("results"),
+    runner: RunnerOpt = None,
+    from_log: FromLogOpt = None,
+    require: RequireOpt = None,
+    exit_zero: ExitZeroOpt = False,
+) -> None:
+    """Short run with the smoke overlay: clean exit, every rollout logged, finite losses,
+    step-0 invariants. Exit 0 pass, 1 fail, 3 error, 2 bad input."""
+    from recipeval.stages.smoke import run_smoke
+
+    request = stage_request("smoke", recipe, recipe_opt, out, runner, from_log, require, exit_zero)
+    stage_exit(run_smoke(request), exit_zero)
+
+
+@app.command("parse-log")
+def parse_log(
+    log: Annotated[Path, typer.Argument(help="training log", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", help="step table: FILE.csv or FILE.parquet")],
+    engine: Annotated[str, typer.Option("--engine", help="log format: miles (also the reference engine's)")] = "miles",
+) -> None:
+    """Read a training log into a step table (one row per rollout id)."""
+    from recipeval.engines.miles.logparse import parse_log as parse, write_steps
+
+    if engine not in ("miles", "reference"):
+        _die(f"--engine {engine!r}: only the miles log format is known (miles, reference)")
+    if out.suffix not in (".csv", ".parquet"):
+        _die(f"--out {out}: name a .csv or .parquet file")
+    if not log.is_file():
+        _die(f"{log}: no such log file")
+    parsed = parse(log)
+    write_steps(parsed.steps, out)
+    print(f"{out}: {len(parsed.steps)} rollouts, {len(parsed.steps.columns)} columns, "
+          f"{parsed.lines} lines read, {parsed.malformed_count} malformed metric lines skipped")
+    for bad in parsed.malformed[:5]:
+        print(f"  skipped {log}:{bad.line_number}: {bad.text[:120]}", file=sys.stderr)
+
+
+@app.command("ray-down")
+def ray_down(
+    state_dir: Annotated[
+        Path | None, typer.Option("--state-dir", help="default: $RECIPEVAL_RAY_STATE_DIR")
+    ] = None,
+) -> None:
+    """Stop the shared Ray head a pipeline run started (never any other Ray)."""
+    import os
+
+    from recipeval.runners.ray_head import STATE_DIR_ENV, shared_head_down
+
+    folder = state_dir or (Path(os.environ[STATE_DIR_ENV]) if os.environ.get(STATE_DIR_ENV) else None)
+    if folder is None:
+        _die(f"name the head's folder: --state-dir or {STATE_DIR_ENV}")
+    print(f"ray head in {folder}: {'stopped' if shared_head_down(folder) else 'none running'}")
+
+
 def main() -> None:
     try:
         app()

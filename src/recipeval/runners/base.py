@@ -1,0 +1,110 @@
+"""The runner interface: execute a rendered Launch, hand its output to the caller line by line,
+stop it on timeout or on request, and say how it ended."""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from recipeval.engines.launch import Launch
+
+LineSink = Callable[[str], None]
+
+# How long a job gets between the polite stop (SIGTERM / stop_job) and the hard one.
+STOP_GRACE_S = 10.0
+POLL_S = 0.2
+
+
+class RunnerError(Exception):
+    """The runner could not start or follow the job (not the job's own failure)."""
+
+
+@dataclass
+class RunResult:
+    exit_code: int | None  # None: the job never reported one (lost, or stopped before exiting)
+    started: float  # epoch seconds
+    finished: float
+    timed_out: bool = False
+    stopped: bool = False  # stopped on request (e.g. the bench had enough steps)
+    detail: str = ""  # how it ended, in words, when that is not plain exit 0
+
+    @property
+    def wall_s(self) -> float:
+        return self.finished - self.started
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+class Runner(ABC):
+    """One job at a time. `run` blocks until the job ended or was stopped; `on_line` gets each
+    output line (without newline) in order, from a worker thread; setting `stop` asks for a
+    stop (the result then has stopped=True)."""
+
+    name: str
+
+    @abstractmethod
+    def run(
+        self,
+        launch: Launch,
+        on_line: LineSink,
+        timeout: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> RunResult: ...
+
+    def close(self) -> None:
+        """Release what the runner started for itself (e.g. a private Ray head)."""
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Deadline:
+    def __init__(self, timeout: float | None) -> None:
+        self.at = None if timeout is None else time.monotonic() + timeout
+
+    def passed(self) -> bool:
+        return self.at is not None and time.monotonic() >= self.at
+
+
+class LineBuffer:
+    """Turns text chunks (Ray's log tail) into whole lines; `flush` hands over a last line
+    that never got its newline (a killed run)."""
+
+    def __init__(self, sink: LineSink) -> None:
+        self.sink = sink
+        self.pending = ""
+        self.emitted = 0
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def feed(self, chunk: str) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.pending += chunk
+            *lines, self.pending = self.pending.split("\n")
+            for line in lines:
+                self.emit(line)
+
+    def close(self) -> None:
+        """Ignore further chunks (a tail that outlived the job); pending text is dropped."""
+        with self.lock:
+            self.closed = True
+            self.pending = ""
+
+    def emit(self, line: str) -> None:
+        self.sink(line.rstrip("\r"))
+        self.emitted += 1
+
+    def flush(self) -> None:
+        if self.pending:
+            self.emit(self.pending)
+            self.pending = ""

@@ -1,0 +1,173 @@
+"""Run a launch as a Ray job through the Jobs API (`JobSubmissionClient`).
+
+Address: RAY_ADDRESS when set (a dashboard address such as http://head:8265), else an
+embedded head this runner starts (see ray_head: private, or shared through
+RECIPEVAL_RAY_STATE_DIR). The Jobs API runs `entrypoint` through a shell, so the entrypoint
+string is built with every word quoted (shlex.join): a recipe value is never shell text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from recipeval.engines.launch import Launch
+from recipeval.runners import ray_head
+from recipeval.runners.base import (
+    POLL_S,
+    STOP_GRACE_S,
+    Deadline,
+    LineBuffer,
+    LineSink,
+    Runner,
+    RunnerError,
+    RunResult,
+)
+
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+AGENT_WAIT_S = 90.0
+
+
+def entrypoint_command(words: list[str]) -> str:
+    """The shell command the Jobs API runs: each word quoted, so `$(x)`, `;`, quotes stay data."""
+    return shlex.join(words)
+
+
+class RayRunner(Runner):
+    name = "ray"
+
+    def __init__(self, address: str | None = None, grace: float = STOP_GRACE_S) -> None:
+        self.grace = grace
+        self._private_head: ray_head.HeadState | None = None
+        self.address = address or os.environ.get("RAY_ADDRESS") or self._embedded_address()
+
+    def _embedded_address(self) -> str:
+        state_dir = os.environ.get(ray_head.STATE_DIR_ENV)
+        if state_dir:
+            return ray_head.shared_head(Path(state_dir)).dashboard
+        private_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"recipeval-ray-{os.getuid()}"
+        self._private_head = ray_head.start_head(private_dir)
+        return self._private_head.dashboard
+
+    def close(self) -> None:
+        if self._private_head is not None:
+            ray_head.stop_head(self._private_head)
+            self._private_head = None
+
+    def run(
+        self,
+        launch: Launch,
+        on_line: LineSink,
+        timeout: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> RunResult:
+        from ray.job_submission import JobSubmissionClient
+
+        try:
+            client = JobSubmissionClient(self.address)
+        except Exception as err:  # noqa: BLE001 - connection errors come in many types
+            raise RunnerError(f"cannot reach the Ray dashboard at {self.address}: {err}") from err
+        started = time.time()
+        job_id = _submit(
+            client,
+            entrypoint=entrypoint_command(launch.entrypoint),
+            runtime_env=launch.runtime_env,
+            submission_id=f"recipeval-{launch.stage or 'run'}-{uuid.uuid4().hex[:8]}",
+        )
+        lines = LineBuffer(on_line)
+        tail = threading.Thread(target=_tail, args=(client, job_id, lines), daemon=True)
+        tail.start()
+        deadline = Deadline(timeout)
+        timed_out = stopped = False
+        status = str(client.get_job_status(job_id))
+        while _name(status) not in TERMINAL:
+            if deadline.passed() or (stop is not None and stop.is_set()):
+                timed_out, stopped = deadline.passed(), not deadline.passed()
+                status = self._stop(client, job_id)
+                break
+            time.sleep(POLL_S)
+            status = str(client.get_job_status(job_id))
+        tail.join(timeout=10)
+        _catch_up(client, job_id, lines)
+        info = client.get_job_info(job_id)
+        exit_code = info.driver_exit_code
+        if exit_code is None and _name(status) == "SUCCEEDED":
+            exit_code = 0
+        detail = ""
+        if timed_out:
+            detail = f"timed out after {timeout:g} s; Ray job {job_id} stopped ({_name(status)})"
+        elif stopped:
+            detail = f"stopped on request; Ray job {job_id} {_name(status)}"
+        elif _name(status) != "SUCCEEDED":
+            detail = f"Ray job {job_id} {_name(status)}: {info.message or ''}".strip()
+        return RunResult(
+            exit_code=None if (timed_out or stopped) else exit_code,
+            started=started,
+            finished=time.time(),
+            timed_out=timed_out,
+            stopped=stopped,
+            detail=detail,
+        )
+
+    def _stop(self, client, job_id: str) -> str:  # noqa: ANN001 - ray type imported lazily
+        client.stop_job(job_id)  # SIGTERM to the entrypoint, SIGKILL after Ray's own wait
+        end = time.monotonic() + self.grace + 10
+        status = str(client.get_job_status(job_id))
+        while _name(status) not in TERMINAL and time.monotonic() < end:
+            time.sleep(POLL_S)
+            status = str(client.get_job_status(job_id))
+        return status
+
+
+def _submit(client, **job: object) -> str:  # noqa: ANN001
+    """Submit; a fresh head answers before its job agent is up, so retry that case a while."""
+    end = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            return client.submit_job(**job)
+        except RuntimeError as err:
+            if "No available agent" not in str(err) or time.monotonic() > end:
+                raise RunnerError(f"Ray refused the job: {err}") from err
+            time.sleep(1.0)
+
+
+def _name(status: object) -> str:
+    return str(getattr(status, "value", status)).rsplit(".", 1)[-1]
+
+
+def _tail(client, job_id: str, lines: LineBuffer) -> None:  # noqa: ANN001
+    async def follow() -> None:
+        async for chunk in client.tail_job_logs(job_id):
+            lines.feed(chunk)
+
+    try:
+        asyncio.run(follow())
+    except Exception:  # noqa: BLE001 - a broken tail is repaired by _catch_up
+        return
+
+
+def _catch_up(client, job_id: str, lines: LineBuffer) -> None:  # noqa: ANN001
+    """After the job ended, take whatever the live tail missed (including a last line without
+    newline) from the stored job log; fall back to what the tail buffered."""
+    try:
+        stored: str | None = client.get_job_logs(job_id)
+    except Exception:  # noqa: BLE001
+        stored = None
+    if stored is None:
+        lines.flush()
+        lines.close()
+        return
+    lines.close()
+    all_lines = stored.split("\n")
+    if all_lines and all_lines[-1] == "":
+        all_lines.pop()
+    for line in all_lines[lines.emitted:]:
+        lines.emit(line)
+
+
+__all__ = ["RayRunner", "RunnerError", "entrypoint_command"]

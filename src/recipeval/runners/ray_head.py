@@ -1,0 +1,206 @@
+"""A Ray head that recipeval starts itself, and only that one is ever stopped by recipeval.
+
+Two lifetimes:
+- private (default): started by one command's runner and stopped when that runner closes;
+- shared: when RECIPEVAL_RAY_STATE_DIR names a folder, the first stage that needs Ray starts
+  the head and records it in <dir>/head.json; later stages (other processes of the same
+  pipeline run) reuse it; `recipeval ray-down` (run once at the end) stops it.
+
+The head runs as `ray start --head --block` in a new session, with its own ports and its own
+Ray temp dir, so stopping it signals that session and then any process whose command line
+names that temp dir: nothing of another Ray on the machine is touched.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+from recipeval.runners.base import RunnerError
+
+STATE_DIR_ENV = "RECIPEVAL_RAY_STATE_DIR"
+STATE_FILE = "head.json"
+START_TIMEOUT_S = 90.0
+
+
+@dataclass
+class HeadState:
+    pid: int  # the `ray start --block` process; leader of its own session
+    create_time: float
+    dashboard: str  # http://host:port, what JobSubmissionClient takes
+    gcs: str  # host:port, what `ray start --address` takes
+    temp_dir: str
+    log: str
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def ray_executable() -> str:
+    beside = Path(sys.executable).parent / "ray"
+    found = str(beside) if beside.exists() else shutil.which("ray")
+    if not found:
+        raise RunnerError("the `ray` command is not installed; install ray[default] or use --runner local")
+    return found
+
+
+def dashboard_ready(address: str) -> bool:
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        JobSubmissionClient(address).list_jobs()
+    except Exception:  # noqa: BLE001 - any failure means "not yet reachable"
+        return False
+    return True
+
+
+def head_alive(state: HeadState) -> bool:
+    try:
+        return psutil.Process(state.pid).create_time() == state.create_time
+    except psutil.Error:
+        return False
+
+
+def start_head(
+    state_dir: Path,
+    host: str = "127.0.0.1",
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    node_name: str | None = None,
+) -> HeadState:
+    """Start a head (GPUs/CPUs autodetected unless given) and wait until its dashboard answers."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    # Ray's unix socket paths must stay short: its temp dir goes under /tmp, not state_dir.
+    temp_dir = tempfile.mkdtemp(prefix="rv-ray-")
+    gcs_port, dash_port = free_port(host), free_port(host)
+    cmd = [
+        ray_executable(), "start", "--head", "--block", "--disable-usage-stats",
+        f"--node-ip-address={host}", f"--port={gcs_port}",
+        "--include-dashboard=true", f"--dashboard-host={host}", f"--dashboard-port={dash_port}",
+        f"--dashboard-agent-listen-port={free_port(host)}",
+        f"--ray-client-server-port={free_port(host)}",
+        f"--temp-dir={temp_dir}",
+    ]
+    if num_cpus is not None:
+        cmd.append(f"--num-cpus={num_cpus}")
+    if num_gpus is not None:
+        cmd.append(f"--num-gpus={num_gpus}")
+    if node_name:
+        cmd.append(f"--node-name={node_name}")
+    log = state_dir / f"ray-head-{os.getpid()}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    state = HeadState(
+        pid=proc.pid,
+        create_time=psutil.Process(proc.pid).create_time(),
+        dashboard=f"http://{host}:{dash_port}",
+        gcs=f"{host}:{gcs_port}",
+        temp_dir=temp_dir,
+        log=str(log),
+    )
+    end = time.monotonic() + START_TIMEOUT_S
+    while not dashboard_ready(state.dashboard):
+        if proc.poll() is not None or time.monotonic() > end:
+            stop_head(state)
+            tail = "\n".join(Path(log).read_text(errors="replace").splitlines()[-15:])
+            raise RunnerError(f"the Ray head did not come up (log {log}):\n{tail}")
+        time.sleep(0.5)
+    return state
+
+
+def stop_head(state: HeadState, grace: float = 15.0) -> None:
+    """Stop exactly the processes of this head: its session, then anything naming its temp dir."""
+    if head_alive(state):
+        try:
+            os.killpg(state.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            psutil.Process(state.pid).wait(timeout=grace)
+        except (psutil.TimeoutExpired, psutil.NoSuchProcess):
+            pass
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if _names(p, state.temp_dir)]
+    for proc in leftovers:
+        try:
+            proc.kill()
+        except psutil.Error:
+            continue
+    try:
+        os.killpg(state.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    psutil.wait_procs(leftovers, timeout=5)
+    shutil.rmtree(state.temp_dir, ignore_errors=True)
+
+
+def _names(proc: psutil.Process, temp_dir: str) -> bool:
+    cmdline = proc.info.get("cmdline") or []
+    return proc.pid != os.getpid() and any(temp_dir in word for word in cmdline)
+
+
+@contextmanager
+def _locked(state_dir: Path) -> Iterator[None]:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "head.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def read_state(state_dir: Path) -> HeadState | None:
+    try:
+        return HeadState(**json.loads((state_dir / STATE_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _write_state(state_dir: Path, state: HeadState) -> None:
+    tmp = state_dir / f".{STATE_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(asdict(state), indent=2))
+    os.replace(tmp, state_dir / STATE_FILE)
+
+
+def shared_head(state_dir: Path) -> HeadState:
+    """The pipeline run's head: reuse the recorded one when it is alive, else start one."""
+    with _locked(state_dir):
+        state = read_state(state_dir)
+        if state is not None and head_alive(state) and dashboard_ready(state.dashboard):
+            return state
+        if state is not None:
+            stop_head(state)
+        state = start_head(state_dir)
+        _write_state(state_dir, state)
+        return state
+
+
+def shared_head_down(state_dir: Path) -> bool:
+    """Stop the recorded head of state_dir; False when there was none."""
+    with _locked(state_dir):
+        state = read_state(state_dir)
+        if state is None:
+            return False
+        stop_head(state)
+        (state_dir / STATE_FILE).unlink(missing_ok=True)
+        return True

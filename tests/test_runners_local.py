@@ -1,0 +1,107 @@
+"""The local runner: streaming, exit status, crash, timeout without orphans, stop on request,
+recipe values that look like shell."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+
+import psutil
+import pytest
+
+from recipeval.runners.local import LocalRunner
+from recipeval.runners.ray import entrypoint_command
+from runner_jobs import (
+    BRIEF_HOSTILE,
+    CRASH,
+    ECHO_ARGV,
+    HANG_WITH_CHILDREN,
+    HOSTILE_WORDS,
+    WAIT_FOR_STOP,
+    python_launch,
+)
+
+
+def test_streams_lines_passes_env_and_quotes_nothing_through_a_shell(tmp_path):
+    words = [w.format(marker=tmp_path / "pwned") for w in HOSTILE_WORDS]
+    lines: list[str] = []
+    result = LocalRunner().run(
+        python_launch(ECHO_ARGV, *words, env={"RECIPEVAL_TEST_VALUE": "from-recipe"}), lines.append,
+        timeout=60,
+    )
+    assert result.exit_code == 0 and result.ok and not result.timed_out
+    argv_line = next(line for line in lines if line.startswith("ARGV "))
+    assert json.loads(argv_line[5:]) == words
+    assert "ENV from-recipe" in lines
+    assert not list(tmp_path.glob("pwned*"))
+
+
+def test_entrypoint_for_ray_jobs_quotes_every_word():
+    words = ["python3", "train.py", "--note", *BRIEF_HOSTILE, *HOSTILE_WORDS]
+    assert shlex.split(entrypoint_command(words)) == words
+
+
+def test_crash_reports_exit_status_and_keeps_output():
+    lines: list[str] = []
+    result = LocalRunner().run(python_launch(CRASH), lines.append, timeout=60)
+    assert result.exit_code == 1 and not result.ok
+    assert "exited with status 1" in result.detail
+    assert any("planted crash" in line for line in lines)
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def test_timeout_kills_the_whole_tree_including_escaped_and_sigterm_deaf_children():
+    before: dict[str, list[int]] = {}
+
+    def on_line(line: str) -> None:
+        if line.startswith("PIDS "):
+            pids = [int(p) for p in line.split()[1:]]
+            before["job"] = pids
+            before["tree"] = [p.pid for p in _tree(pids[0])]
+
+    result = LocalRunner(grace=1.0).run(python_launch(HANG_WITH_CHILDREN), on_line, timeout=4)
+    assert result.timed_out and result.exit_code is None
+    assert "timed out after 4 s" in result.detail
+    leader, child, escaped, deaf = before["job"]
+    # the listing taken while it ran: the leader's tree (the escaped one left the session)
+    assert {leader, child, deaf} <= set(before["tree"])
+    assert _alive(before["job"] + before["tree"]) == []
+
+
+def test_stop_on_request():
+    stop = threading.Event()
+
+    def on_line(line: str) -> None:
+        if line == "ready":
+            stop.set()
+
+    result = LocalRunner(grace=2.0).run(python_launch(WAIT_FOR_STOP), on_line, timeout=60, stop=stop)
+    assert result.stopped and not result.timed_out and result.exit_code is None
+    assert result.wall_s < 30
+
+
+def test_missing_program_is_a_runner_error():
+    from recipeval.runners import RunnerError
+
+    launch = python_launch("")
+    launch.argv[0] = "/nonexistent/python"
+    with pytest.raises(RunnerError, match="cannot start"):
+        LocalRunner().run(launch, lambda line: None)
