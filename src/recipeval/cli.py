@@ -214,6 +214,48 @@ def ray_down(
     print(f"ray head in {folder}: {'stopped' if shared_head_down(folder) else 'none running'}")
 
 
+@app.command()
+def publish(
+    inputs: Annotated[list[Path], typer.Argument(help="stage result files, or results folders", show_default=False)],
+    tables: Annotated[Path, typer.Option(help="folder for benchmarks.{md,csv,html}")] = Path("results/tables"),
+    history: Annotated[Path, typer.Option(help="append-only run history folder")] = Path("results/history"),
+    junit: Annotated[Path, typer.Option(help="JUnit XML output")] = Path("results/junit.xml"),
+    verdict: Annotated[Path, typer.Option(help="regression verdict JSON output")] = Path("results/regression.json"),
+    min_change: Annotated[float, typer.Option(help="smallest relative change reported")] = 0.05,
+    alpha: Annotated[float, typer.Option(help="significance level of the regression test")] = 0.01,
+    min_history: Annotated[int, typer.Option(help="runs needed to estimate the noise")] = 3,
+    short_history_band: Annotated[float, typer.Option(help="relative band below min-history runs")] = 0.20,
+    fail_on_regression: Annotated[bool, typer.Option(help="exit 1 when a recipe failed or regressed")] = False,
+) -> None:
+    """Tables, plots, history, regression verdict and JUnit XML from stage results."""
+    from recipeval.analysis.regression import RegressionSettings
+    from recipeval.publish.run import PublishError, PublishOutputs, summary_lines
+    from recipeval.publish.run import publish as run_publish
+
+    settings = RegressionSettings(min_change, alpha, min_history, short_history_band)
+    try:
+        outcome = run_publish(inputs, PublishOutputs(tables, history, junit, verdict), settings)
+    except PublishError as err:
+        _die(str(err))
+    print("\n".join(summary_lines(outcome)))
+    if fail_on_regression and not outcome.ok:
+        raise typer.Exit(EXIT_FAIL)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def nightly(
+    ctx: typer.Context,
+    profile: Annotated[str | None, typer.Option(help="Snakemake profile, e.g. slurm-amd")] = None,
+    cores: Annotated[str | None, typer.Option(help="Snakemake --cores")] = None,
+    verdict: Annotated[Path, typer.Option(help="the verdict publish writes")] = Path("results/regression.json"),
+) -> None:
+    """Rerun every stage of every selected recipe (snakemake --forceall; further arguments go
+    to snakemake), publish, and exit 1 when a recipe failed or regressed (3: no verdict)."""
+    from recipeval.publish.nightly import nightly as run_nightly
+
+    raise typer.Exit(run_nightly(profile, cores, verdict, list(ctx.args)))
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,149 @@
+"""Regression detection: is a new run's value a real change against the history's own noise?
+
+The history of one metric is split at its change points (binary segmentation: the split with
+the largest Welch t statistic, kept when significant after a Bonferroni correction over the
+candidate splits and larger than the minimum magnitude; then the right-hand part is searched
+again). The new value is judged against the last stable segment only, so a shift that history
+already absorbed is not reported again night after night, and old levels do not inflate the
+noise. The test for one new value against a segment of n values is the Student-t prediction
+interval: t = (x - mean) / (s * sqrt(1 + 1/n)), n - 1 degrees of freedom. A change is reported
+only when it is both significant (p < alpha) and at least `min_change` relative.
+
+With fewer than `min_history` values in the segment the noise cannot be estimated; a change
+must then exceed `short_history_band` (relative), which still catches step changes such as
+miles #2040 (train_rollout_logprob_abs_diff 0.045 -> 0.213) on the first night.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+from scipy import stats
+
+Kind = Literal["regression", "improvement", "unchanged", "no_history"]
+
+# Metric names where a larger value is better; everything else (times, logprob differences,
+# KL, errors) is better when smaller.
+_HIGHER_IS_BETTER = re.compile(r"(per_sec|per_s\b|tok_per_s|tokens_per|tflops|throughput|mfu)", re.I)
+
+
+@dataclass(frozen=True)
+class RegressionSettings:
+    min_change: float = 0.05
+    alpha: float = 0.01
+    min_history: int = 3
+    short_history_band: float = 0.20
+    min_segment: int = 2
+
+
+@dataclass(frozen=True)
+class MetricVerdict:
+    metric: str
+    kind: Kind
+    value: float
+    baseline: float | None
+    baseline_n: int
+    baseline_start: int  # index into the history where the stable segment begins
+    rel_change: float | None
+    p_value: float | None
+    higher_is_better: bool
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def higher_is_better(metric: str) -> bool:
+    return bool(_HIGHER_IS_BETTER.search(metric))
+
+
+def _rel(new: float, old: float) -> float:
+    if old == 0:
+        return 0.0 if new == 0 else math.copysign(math.inf, new)
+    return (new - old) / abs(old)
+
+
+def _best_split(x: np.ndarray, min_segment: int) -> tuple[int, float]:
+    """Split index with the largest |Welch t| and its p-value (1.0 when none can be formed)."""
+    best_k, best_t, best_p = 0, 0.0, 1.0
+    for k in range(min_segment, len(x) - min_segment + 1):
+        left, right = x[:k], x[k:]
+        if np.ptp(left) == 0 and np.ptp(right) == 0:
+            # Two flat segments: infinitely significant if their levels differ.
+            t, p = (math.inf, 0.0) if left[0] != right[0] else (0.0, 1.0)
+        else:
+            res = stats.ttest_ind(left, right, equal_var=False)
+            t, p = abs(float(res.statistic)), float(res.pvalue)
+        if t > best_t:
+            best_k, best_t, best_p = k, t, p
+    return best_k, best_p
+
+
+def change_points(values: Sequence[float], settings: RegressionSettings = RegressionSettings()) -> list[int]:
+    """Indices where a new level starts, searching right of each accepted split."""
+    x = np.asarray(values, dtype=float)
+    found: list[int] = []
+    start = 0
+    while len(x) - start >= 2 * settings.min_segment:
+        seg = x[start:]
+        k, p = _best_split(seg, settings.min_segment)
+        candidates = len(seg) - 2 * settings.min_segment + 1
+        if k == 0 or p * candidates >= settings.alpha:
+            break
+        if abs(_rel(seg[k:].mean(), seg[:k].mean())) < settings.min_change:
+            break
+        found.append(start + k)
+        start += k
+    return found
+
+
+def last_stable_start(values: Sequence[float], settings: RegressionSettings = RegressionSettings()) -> int:
+    points = change_points(values, settings)
+    return points[-1] if points else 0
+
+
+def judge(
+    metric: str,
+    history: Sequence[float],
+    value: float,
+    settings: RegressionSettings = RegressionSettings(),
+) -> MetricVerdict:
+    """Judge `value` against `history` (oldest first, non-finite values ignored)."""
+    better_up = higher_is_better(metric)
+    hist = np.asarray([v for v in history if v is not None and math.isfinite(v)], dtype=float)
+    if not math.isfinite(value):
+        return MetricVerdict(metric, "regression", value, None, len(hist), 0, None, None, better_up,
+                             "value is not finite")
+    if len(hist) == 0:
+        return MetricVerdict(metric, "no_history", value, None, 0, 0, None, None, better_up,
+                             "first run of this metric")
+    start = last_stable_start(hist, settings)
+    seg = hist[start:]
+    mean = float(seg.mean())
+    rel = _rel(value, mean)
+    worse = rel > 0 if not better_up else rel < 0
+    if len(seg) < settings.min_history:
+        band = max(settings.min_change, settings.short_history_band)
+        changed = abs(rel) >= band
+        p_value = None
+        reason = f"{abs(rel):.1%} vs the mean of {len(seg)} run(s); short history: band {band:.0%}"
+    else:
+        sd = float(seg.std(ddof=1))
+        n = len(seg)
+        if sd == 0:
+            p_value = 0.0 if value != mean else 1.0
+        else:
+            t = (value - mean) / (sd * math.sqrt(1 + 1 / n))
+            p_value = float(2 * stats.t.sf(abs(t), df=n - 1))
+        changed = p_value < settings.alpha and abs(rel) >= settings.min_change
+        reason = (
+            f"{rel:+.1%} vs {mean:.4g} (last stable {n} runs, sd {sd:.3g}); p={p_value:.2g}, "
+            f"needs p<{settings.alpha:g} and |change|>={settings.min_change:.0%}"
+        )
+    kind: Kind = ("regression" if worse else "improvement") if changed else "unchanged"
+    return MetricVerdict(metric, kind, float(value), mean, len(seg), start, rel, p_value, better_up, reason)

@@ -1,0 +1,1 @@
+"""Publishing: tables, plots, the append-only history, the regression verdict, JUnit XML."""

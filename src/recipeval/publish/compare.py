@@ -1,0 +1,111 @@
+"""A run against its history: a regression verdict per metric and, where something changed,
+what differs from the last good run (recipe values, packages, trainer revision, machine)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from recipeval.analysis.regression import MetricVerdict, RegressionSettings, judge
+from recipeval.publish.records import PROVENANCE_FIELDS, RunRecord
+
+# Metrics worth a verdict (others in a summary, such as step counts, are bookkeeping).
+TRACKED = ("time", "per_sec", "per_s", "tokens_per", "tflops", "logprob", "kl", "prob_error", "mfu")
+# Bookkeeping words that disqualify a metric even when it matches TRACKED.
+IGNORED = ("steps", "warmup", "used", "rel_width", "confidence", "count", "n_tokens", "timeout")
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str  # recipe | package | provenance
+    key: str
+    before: Any
+    after: Any
+
+
+@dataclass
+class RecipeVerdict:
+    recipe: str
+    run_id: str
+    status: str  # failed | regressed | improved | ok
+    metrics: list[MetricVerdict] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    last_good_run: str | None = None
+    changes: list[Change] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[MetricVerdict]:
+        return [m for m in self.metrics if m.kind == "regression"]
+
+    @property
+    def improvements(self) -> list[MetricVerdict]:
+        return [m for m in self.metrics if m.kind == "improvement"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe, "run_id": self.run_id, "status": self.status,
+            "failures": self.failures, "last_good_run": self.last_good_run,
+            "metrics": [m.to_dict() for m in self.metrics],
+            "changes": [vars(c) for c in self.changes],
+        }
+
+
+def tracked(metric: str) -> bool:
+    name = metric.lower()
+    return any(w in name for w in TRACKED) and not any(w in name.rsplit(".", 1)[-1] for w in IGNORED)
+
+
+def what_changed(before: RunRecord, after: RunRecord) -> list[Change]:
+    """Differences that can explain a change: recipe values, package versions, provenance."""
+    changes: list[Change] = []
+    for kind, old, new in (
+        ("recipe", before.recipe_values, after.recipe_values),
+        ("package", before.packages, after.packages),
+        ("provenance", {k: before.provenance.get(k) for k in PROVENANCE_FIELDS},
+         {k: after.provenance.get(k) for k in PROVENANCE_FIELDS}),
+    ):
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                changes.append(Change(kind, key, old.get(key), new.get(key)))
+    if before.recipe_sha256 != after.recipe_sha256 and not any(c.kind == "recipe" for c in changes):
+        changes.append(Change("recipe", "sha256", before.recipe_sha256[:12], after.recipe_sha256[:12]))
+    return changes
+
+
+def _failures(record: RunRecord) -> list[str]:
+    out = []
+    for stage, outcome in record.stages.items():
+        if outcome.status in ("fail", "error"):
+            detail = outcome.message or "; ".join(outcome.failed_checks) or outcome.status
+            out.append(f"{stage} {outcome.status}: {detail}")
+    return out
+
+
+def judge_run(
+    record: RunRecord, history: list[RunRecord], settings: RegressionSettings = RegressionSettings()
+) -> RecipeVerdict:
+    """`history` may contain runs of any recipe and this run itself; only earlier runs of the
+    same recipe count, and of those only the values whose stage passed."""
+    prior = [r for r in history if r.recipe == record.recipe and r.run_id != record.run_id
+             and (r.date or "") <= (record.date or "")]
+    verdicts: list[MetricVerdict] = []
+    for metric, value in sorted(record.metrics.items()):
+        stage = metric.split(".", 1)[0]
+        if not tracked(metric) or not record.stage_ok(stage):
+            continue
+        series = [r.metrics[metric] for r in prior if metric in r.metrics and r.stage_ok(stage)]
+        verdicts.append(judge(metric, series, value, settings))
+    failures = _failures(record)
+    verdict = RecipeVerdict(record.recipe, record.run_id, "ok", verdicts, failures)
+    if failures:
+        verdict.status = "failed"
+    elif verdict.regressions:
+        verdict.status = "regressed"
+    elif verdict.improvements:
+        verdict.status = "improved"
+    if verdict.status != "ok":
+        good = [r for r in prior if not r.failed]
+        if good:
+            verdict.last_good_run = good[-1].run_id
+            verdict.changes = what_changed(good[-1], record)
+    return verdict

@@ -1,0 +1,80 @@
+"""The run history: one JSON file per run per recipe, never rewritten, so concurrent writers
+never lose a row; plus a consolidated Parquet rebuilt from those files for reading."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from recipeval.publish.records import RunRecord
+
+PARQUET_NAME = "history.parquet"
+
+
+def record_path(history: Path, record: RunRecord) -> Path:
+    stamp = (record.date or "undated").replace(":", "").replace("-", "").replace("+0000", "Z")
+    return history / record.recipe / f"{stamp}-{record.run_id}.json"
+
+
+def append(history: Path, record: RunRecord) -> bool:
+    """Add a run; False when this run is already there (publishing again adds nothing).
+    The file appears complete or not at all: written aside, then hard-linked into place, which
+    fails instead of replacing when another writer got there first."""
+    final = record_path(history, record)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():
+        return False
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    tmp.write_text(record.model_dump_json(indent=1) + "\n")
+    try:
+        os.link(tmp, final)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink()
+    return True
+
+
+def load(history: Path) -> list[RunRecord]:
+    """Every run in the history, oldest first; unreadable files are reported, not fatal."""
+    records = []
+    for file in sorted(history.glob("*/*.json")):
+        try:
+            records.append(RunRecord.model_validate_json(file.read_text()))
+        except ValueError as err:
+            print(f"recipeval publish: skipping unreadable history file {file}: {str(err).splitlines()[0]}")
+    records.sort(key=lambda r: (r.date or "", r.run_id))
+    return records
+
+
+def to_frame(records: list[RunRecord]) -> pd.DataFrame:
+    """One row per run and metric: the long table plots and ad-hoc queries read."""
+    rows = []
+    for rec in records:
+        base = {
+            "run_id": rec.run_id, "recipe": rec.recipe, "recipe_sha256": rec.recipe_sha256,
+            "date": rec.date, "platform": rec.platform, "gpu": rec.gpu,
+            "failed": rec.failed, "packages": json.dumps(rec.packages, sort_keys=True),
+        }
+        for metric, value in rec.metrics.items():
+            low, high = rec.intervals.get(metric, (None, None))
+            stage = metric.split(".", 1)[0]
+            status = rec.stages[stage].status if stage in rec.stages else None
+            rows.append({**base, "stage": stage, "stage_status": status, "metric": metric,
+                         "value": value, "low": low, "high": high})
+    columns = ["run_id", "recipe", "recipe_sha256", "date", "platform", "gpu", "failed", "packages",
+               "stage", "stage_status", "metric", "value", "low", "high"]
+    frame = pd.DataFrame(rows, columns=columns)
+    frame["date"] = pd.to_datetime(frame["date"], utc=True, errors="coerce", format="ISO8601")
+    return frame
+
+
+def write_parquet(records: list[RunRecord], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    to_frame(records).to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+    return path

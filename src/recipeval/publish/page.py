@@ -1,0 +1,110 @@
+"""The HTML page: summary, table, what changed, plots; self-contained (inline CSS, PNGs as
+data URIs), so it works opened from disk and as a CI artifact."""
+
+from __future__ import annotations
+
+import base64
+import html
+
+import pandas as pd
+
+from recipeval.publish import plots
+from recipeval.publish.compare import RecipeVerdict
+from recipeval.publish.records import RunRecord
+from recipeval.publish.tables import LOGPROB_COLUMN, TIMING_COLUMNS, find_metric, to_html
+
+STYLE = """
+body { font: 14px/1.4 system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.4em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
+.meta { color: #666; font-size: 0.9em; }
+.verdict { display: inline-block; padding: 0.2em 0.6em; border-radius: 4px; font-weight: 600; }
+.scroll { overflow-x: auto; }
+table.results { border-collapse: collapse; font-size: 12px; }
+table.results th, table.results td { border: 1px solid #ccc; padding: 3px 6px; vertical-align: top; }
+table.results th { background: #f0f0f0; position: sticky; top: 0; }
+table.results td { max-width: 22em; }
+td.pass, .verdict.pass { background: #e3f4e6; } td.fail, .verdict.fail { background: #fbe3e1; }
+td.skip { background: #f4f4f4; color: #666; } td.better, .verdict.better { background: #e1edfb; }
+table.changes { border-collapse: collapse; font-size: 12px; margin: 0.4em 0 1em; }
+table.changes td, table.changes th { border: 1px solid #ddd; padding: 2px 6px; text-align: left; }
+.plots img { margin: 4px; border: 1px solid #eee; max-width: 100%; }
+"""
+
+
+def _img(png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _changes_html(verdict: RecipeVerdict) -> str:
+    lines = []
+    for m in verdict.regressions + verdict.improvements:
+        lines.append(f"<li><b>{html.escape(m.kind)}</b> {html.escape(m.metric)}: "
+                     f"{m.value:.4g} vs {m.baseline:.4g} ({html.escape(m.reason)})</li>")
+    for failure in verdict.failures:
+        lines.append(f"<li><b>failure</b> {html.escape(failure)}</li>")
+    out = f"<h3>{html.escape(verdict.recipe)}: {html.escape(verdict.status)}</h3><ul>{''.join(lines)}</ul>"
+    if verdict.last_good_run is None:
+        return out + "<p>No earlier good run to compare with.</p>"
+    if not verdict.changes:
+        return out + (f"<p>Nothing differs from the last good run <code>{verdict.last_good_run}</code> "
+                      "in recipe, packages or provenance.</p>")
+    rows = "".join(
+        f"<tr><td>{html.escape(c.kind)}</td><td>{html.escape(str(c.key))}</td>"
+        f"<td>{html.escape(str(c.before))}</td><td>{html.escape(str(c.after))}</td></tr>"
+        for c in verdict.changes
+    )
+    return out + (f"<p>What changed since the last good run <code>{verdict.last_good_run}</code>:</p>"
+                  f'<table class="changes"><tr><th>what</th><th>key</th><th>before</th><th>now</th></tr>'
+                  f"{rows}</table>")
+
+
+def _plots_html(records: list[RunRecord], verdicts: dict[str, RecipeVerdict], frame: pd.DataFrame) -> str:
+    parts = []
+    bars: dict[str, dict[str, tuple[float, float | None, float | None]]] = {}
+    for rec in records:
+        for column, endings in TIMING_COLUMNS.items():
+            metric = find_metric(rec, endings, "bench")
+            if metric and column.endswith("(s)"):
+                low, high = rec.intervals.get(metric, (None, None))
+                bars.setdefault(rec.recipe, {})[column.removesuffix(" (s)")] = (rec.metrics[metric], low, high)
+    if bars:
+        parts.append(_img(plots.stage_time_plot(bars), "steady-state times"))
+    for rec in records:
+        verdict = verdicts.get(rec.run_id)
+        wanted = [m.metric for m in (verdict.regressions + verdict.improvements if verdict else [])]
+        for endings in [*TIMING_COLUMNS.values(), LOGPROB_COLUMN]:
+            metric = find_metric(rec, endings)
+            if metric and metric not in wanted:
+                wanted.append(metric)
+        for metric in wanted:
+            if ((frame["recipe"] == rec.recipe) & (frame["metric"] == metric)).any():
+                parts.append(_img(plots.history_plot(frame, rec.recipe, metric, verdict), f"{rec.recipe} {metric}"))
+    return '<div class="plots">' + "".join(parts) + "</div>" if parts else "<p>No metrics to plot yet.</p>"
+
+
+def render_page(
+    records: list[RunRecord], verdicts: dict[str, RecipeVerdict], table: pd.DataFrame,
+    history_frame: pd.DataFrame, generated: str,
+) -> str:
+    statuses = [v.status for v in verdicts.values()]
+    bad = sum(s in ("failed", "regressed") for s in statuses)
+    overall, cls = ("attention: " + ", ".join(
+        f"{statuses.count(s)} {s}" for s in ("failed", "regressed") if statuses.count(s)), "fail") \
+        if bad else ("all recipes ok", "pass")
+    notable = [v for v in verdicts.values() if v.status != "ok"]
+    changed = "".join(_changes_html(v) for v in notable) or "<p>No failures, regressions or improvements.</p>"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>recipeval benchmarks</title>
+<style>{STYLE}</style></head><body>
+<h1>recipeval benchmarks</h1>
+<p class="meta">{len(records)} recipe(s) &middot; generated {html.escape(generated)}</p>
+<p><span class="verdict {cls}">{html.escape(overall)}</span></p>
+<h2>Results</h2>
+<div class="scroll">{to_html(table)}</div>
+<h2>What changed</h2>
+{changed}
+<h2>Plots</h2>
+{_plots_html(records, verdicts, history_frame)}
+</body></html>
+"""

@@ -1,0 +1,78 @@
+"""Plots for the HTML page, as PNG bytes (embedded, so the page works opened from disk)."""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on cluster nodes or CI
+
+import matplotlib.dates as mdates  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from recipeval.publish.compare import RecipeVerdict  # noqa: E402
+
+
+def _png(fig: plt.Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def history_plot(frame: pd.DataFrame, recipe: str, metric: str, verdict: RecipeVerdict | None) -> bytes:
+    """One metric of one recipe over its runs: value with interval, the last stable level, and
+    the newest run marked by its verdict."""
+    rows = frame[(frame["recipe"] == recipe) & (frame["metric"] == metric)].sort_values("date")
+    fig, ax = plt.subplots(figsize=(5.2, 2.6))
+    ok = rows[rows["stage_status"] == "pass"]
+    bad = rows[rows["stage_status"] != "pass"]
+    x = ok["date"]
+    ax.plot(x, ok["value"], marker="o", ms=3, lw=1, color="#3b6ea5", label="run")
+    has_iv = ok["low"].notna() & ok["high"].notna()
+    if has_iv.any():
+        ax.fill_between(x[has_iv], ok["low"][has_iv], ok["high"][has_iv], color="#3b6ea5", alpha=0.15,
+                        lw=0, label="interval")
+    if len(bad):
+        ax.scatter(bad["date"], bad["value"], marker="x", color="#999999", label="stage not passed")
+    mv = next((m for m in verdict.metrics if m.metric == metric), None) if verdict else None
+    if mv is not None and mv.baseline is not None:
+        ax.axhline(mv.baseline, color="#555555", lw=0.8, ls="--", label="last stable level")
+    if mv is not None and len(rows):
+        colour = {"regression": "#c0392b", "improvement": "#1e8449"}.get(mv.kind, "#3b6ea5")
+        last = rows.iloc[-1]
+        ax.scatter([last["date"]], [last["value"]], s=60, color=colour, zorder=5, label=f"latest: {mv.kind}")
+    ax.set_title(f"{recipe}\n{metric}", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
+    ax.legend(fontsize=6, loc="best")
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def stage_time_plot(bars: dict[str, dict[str, tuple[float, float | None, float | None]]]) -> bytes:
+    """Latest steady-state times per recipe (estimate with interval), one group per recipe."""
+    recipes = list(bars)
+    metrics = sorted({m for per in bars.values() for m in per})
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(recipes) + 2), 2.8))
+    width = 0.8 / max(len(metrics), 1)
+    for i, metric in enumerate(metrics):
+        xs, ys, errs = [], [], [[], []]
+        for j, recipe in enumerate(recipes):
+            if metric in bars[recipe]:
+                est, low, high = bars[recipe][metric]
+                xs.append(j + i * width)
+                ys.append(est)
+                errs[0].append(est - low if low is not None else 0)
+                errs[1].append(high - est if high is not None else 0)
+        ax.bar(xs, ys, width=width, yerr=errs, capsize=2, label=metric)
+    ax.set_xticks([j + width * (len(metrics) - 1) / 2 for j in range(len(recipes))])
+    ax.set_xticklabels(recipes, fontsize=7, rotation=15, ha="right")
+    ax.set_ylabel("seconds", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title("steady-state times (latest run)", fontsize=8)
+    return _png(fig)

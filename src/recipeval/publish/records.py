@@ -1,0 +1,200 @@
+"""One run of one recipe, as publish sees it: the stage results folded into a flat record that
+the tables, the history and the regression verdict share."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from recipeval.recipe import RecipeErrors, load_recipe
+from recipeval.recipe.schema import STAGES
+from recipeval.result import StageResult, read_result
+
+RECORD_SCHEMA = 1
+# Provenance fields "what changed" compares besides packages.
+PROVENANCE_FIELDS = ("trainer_revision", "launcher_revision", "host", "gpu", "python")
+# Keys of a metric's dict that hold its estimate and interval (analysis.steady_state's shape).
+_ESTIMATE, _LOW, _HIGH = "estimate", "low", "high"
+
+
+class StageOutcome(BaseModel):
+    status: str
+    message: str = ""
+    failed_checks: list[str] = Field(default_factory=list)
+    started: str | None = None
+    finished: str | None = None
+
+
+class RunRecord(BaseModel):
+    """What the history keeps of one run of one recipe."""
+
+    schema_version: int = RECORD_SCHEMA
+    run_id: str
+    recipe: str
+    recipe_sha256: str
+    recipe_path: str | None = None
+    date: str | None = None
+    platform: str | None = None
+    gpu: str | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    layout: str | None = None
+    max_response_len: int | None = None
+    stages: dict[str, StageOutcome] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    intervals: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    expect: dict[str, str] = Field(default_factory=dict, description="check id -> message")
+    packages: dict[str, str] = Field(default_factory=dict)
+    provenance: dict[str, str | None] = Field(default_factory=dict)
+    recipe_values: dict[str, Any] = Field(default_factory=dict)
+
+    def stage_ok(self, stage: str) -> bool:
+        outcome = self.stages.get(stage)
+        return outcome is not None and outcome.status == "pass"
+
+    @property
+    def failed(self) -> bool:
+        return any(o.status in ("fail", "error") for o in self.stages.values())
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings -> {"a.b.c": leaf}; lists stay leaves."""
+    if not isinstance(data, dict):
+        return {prefix: data} if prefix else {}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name))
+        else:
+            out[name] = value
+    return out
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def summary_metrics(stage: str, summary: dict[str, Any]) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Numeric leaves of a stage summary as `<stage>.<path>`; a dict with an `estimate` is one
+    metric whose `low`/`high` become its interval."""
+    metrics: dict[str, float] = {}
+    intervals: dict[str, tuple[float, float]] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            est = _number(node.get(_ESTIMATE))
+            if est is not None:
+                metrics[path] = est
+                low, high = _number(node.get(_LOW)), _number(node.get(_HIGH))
+                if low is not None and high is not None and math.isfinite(low) and math.isfinite(high):
+                    intervals[path] = (low, high)
+                return
+            for key, value in node.items():
+                walk(value, f"{path}.{key}")
+            return
+        num = _number(node)
+        if num is not None:
+            metrics[path] = num
+
+    walk(summary, stage)
+    return metrics, intervals
+
+
+def _recipe_facts(path: str | None, sha256: str) -> dict[str, Any]:
+    """Layout and sizes from the recipe file, when it still has the hash the results carry."""
+    if not path or not Path(path).is_file():
+        return {}
+    try:
+        loaded = load_recipe(path)
+    except RecipeErrors:
+        return {}
+    if loaded.sha256 != sha256:
+        return {}
+    recipe = loaded.recipe
+    par = recipe.parallel
+    stage_args = {**recipe.args, **recipe.stages.bench.args}
+    max_len = stage_args.get("rollout-max-response-len")
+    values = recipe.model_dump(mode="json", exclude={"extends", "description"})
+    return {
+        "platform": recipe.platform,
+        "gpu": recipe.cluster.gpu,
+        "nodes": recipe.cluster.nodes,
+        "gpus_per_node": recipe.cluster.gpus_per_node,
+        "layout": f"TP{par.tp}/PP{par.pp}/CP{par.cp}/EP{par.ep}/ETP{par.etp}",
+        "max_response_len": int(max_len) if isinstance(max_len, int | float) else None,
+        "recipe_values": flatten(values),
+    }
+
+
+def _run_id(results: list[StageResult]) -> str:
+    """Stable for the same set of results, so publishing twice never adds a second history
+    entry for one run."""
+    key = [(r.stage, r.provenance.recipe_sha256, r.provenance.started, r.provenance.finished, r.status)
+           for r in results]
+    return hashlib.sha256(json.dumps(sorted(key, key=str)).encode()).hexdigest()[:16]
+
+
+def build_record(results: Iterable[StageResult]) -> RunRecord:
+    """Fold one recipe's stage results (any subset of the stages) into a RunRecord."""
+    ordered = sorted(results, key=lambda r: STAGES.index(r.stage) if r.stage in STAGES else 99)
+    if not ordered:
+        raise ValueError("no stage results")
+    first = ordered[0]
+    metrics: dict[str, float] = {}
+    intervals: dict[str, tuple[float, float]] = {}
+    stages: dict[str, StageOutcome] = {}
+    packages: dict[str, str] = {}
+    provenance: dict[str, str | None] = {}
+    expect: dict[str, str] = {}
+    for res in ordered:
+        prov = res.provenance
+        stages[res.stage] = StageOutcome(
+            status=res.status, message=res.message,
+            failed_checks=[f"{c.id}: {c.message}" if c.message else c.id for c in res.failed_checks()],
+            started=prov.started, finished=prov.finished,
+        )
+        m, iv = summary_metrics(res.stage, res.summary)
+        metrics.update(m)
+        intervals.update(iv)
+        packages.update(prov.packages)
+        for name in PROVENANCE_FIELDS:
+            if getattr(prov, name, None):
+                provenance[name] = getattr(prov, name)
+        for check in res.checks:
+            if "expect" in check.id:
+                expect[check.id] = "ok" if check.ok else (check.message or "outside the band")
+    dates = [r.provenance.finished or r.provenance.started for r in ordered]
+    facts = _recipe_facts(first.provenance.recipe_path, first.provenance.recipe_sha256)
+    return RunRecord(
+        run_id=_run_id(ordered),
+        recipe=first.recipe,
+        recipe_sha256=first.provenance.recipe_sha256,
+        recipe_path=first.provenance.recipe_path,
+        date=max((d for d in dates if d), default=None),
+        stages=stages, metrics=metrics, intervals=intervals, expect=expect,
+        packages=packages, provenance=provenance, **facts,
+    )
+
+
+def collect_results(paths: Iterable[Path]) -> dict[str, list[StageResult]]:
+    """Read stage result files (or `<dir>/*/<stage>.json` for a directory) grouped by recipe."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(p for stage in STAGES for p in path.glob(f"*/{stage}.json"))
+        else:
+            files.append(path)
+    grouped: dict[str, list[StageResult]] = {}
+    for file in files:
+        res = read_result(file)
+        grouped.setdefault(res.recipe, []).append(res)
+    return grouped

@@ -1,0 +1,110 @@
+"""`recipeval publish`: stage results -> history, regression verdict, tables, page, JUnit."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from recipeval.analysis.regression import RegressionSettings
+from recipeval.publish import history, tables
+from recipeval.publish.compare import RecipeVerdict, judge_run
+from recipeval.publish.junit import write_junit
+from recipeval.publish.page import render_page
+from recipeval.publish.records import RunRecord, build_record, collect_results
+from recipeval.result import now_iso
+
+# Recipe statuses that make a nightly fail.
+BAD = ("failed", "regressed")
+
+
+class PublishError(Exception):
+    """Input publish cannot use (one line, names the file)."""
+
+
+@dataclass(frozen=True)
+class PublishOutputs:
+    tables: Path
+    history: Path
+    junit: Path
+    verdict: Path
+
+    @classmethod
+    def under(cls, results: Path, history_dir: Path | None = None) -> PublishOutputs:
+        return cls(results / "tables", history_dir or results / "history", results / "junit.xml",
+                   results / "regression.json")
+
+
+@dataclass
+class PublishOutcome:
+    records: list[RunRecord]
+    verdicts: dict[str, RecipeVerdict]
+    added_to_history: int
+
+    @property
+    def ok(self) -> bool:
+        return not any(v.status in BAD for v in self.verdicts.values())
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _records(inputs: list[Path]) -> list[RunRecord]:
+    for path in inputs:
+        if not path.exists():
+            raise PublishError(f"{path}: no such result file or directory")
+    try:
+        grouped = collect_results(inputs)
+    except (ValidationError, ValueError, OSError) as err:
+        first = str(err).splitlines()[0]
+        raise PublishError(f"unreadable stage result: {first}") from None
+    if not grouped:
+        raise PublishError("no stage results found in " + ", ".join(map(str, inputs)))
+    return [build_record(results) for _, results in sorted(grouped.items())]
+
+
+def verdict_document(outcome: PublishOutcome, generated: str) -> dict:
+    return {
+        "generated": generated,
+        "ok": outcome.ok,
+        "recipes": [v.to_dict() for v in outcome.verdicts.values()],
+    }
+
+
+def publish(inputs: list[Path], out: PublishOutputs, settings: RegressionSettings) -> PublishOutcome:
+    records = _records(inputs)
+    added = sum(history.append(out.history, rec) for rec in records)
+    runs = history.load(out.history)
+    verdicts = {rec.run_id: judge_run(rec, runs, settings) for rec in records}
+    outcome = PublishOutcome(records, verdicts, added)
+    generated = now_iso()
+    frame = tables.table(records, verdicts)
+    history_frame = history.to_frame(runs)
+    _write_text(out.tables / "benchmarks.md", tables.to_markdown(frame))
+    _write_text(out.tables / "benchmarks.csv", frame.to_csv(index=False))
+    _write_text(out.tables / "benchmarks.html", render_page(records, verdicts, frame, history_frame, generated))
+    history.write_parquet(runs, out.history / history.PARQUET_NAME)
+    write_junit(records, verdicts, out.junit)
+    _write_text(out.verdict, json.dumps(verdict_document(outcome, generated), indent=1, default=str) + "\n")
+    return outcome
+
+
+def summary_lines(outcome: PublishOutcome) -> list[str]:
+    """What a terminal or a CI log shows: one line per recipe, then what changed."""
+    lines = []
+    for verdict in outcome.verdicts.values():
+        lines.append(f"{verdict.status:9} {verdict.recipe}")
+        for failure in verdict.failures:
+            lines.append(f"          {failure}")
+        for m in verdict.regressions + verdict.improvements:
+            lines.append(f"          {m.kind} {m.metric}: {m.reason}")
+        for c in verdict.changes:
+            lines.append(f"          changed {c.kind} {c.key}: {c.before} -> {c.after}")
+    return lines

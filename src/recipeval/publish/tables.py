@@ -1,0 +1,136 @@
+"""The benchmark table: one row per recipe and run, as Markdown, CSV and an HTML fragment."""
+
+from __future__ import annotations
+
+import html
+import math
+
+import pandas as pd
+
+from recipeval.publish.compare import RecipeVerdict
+from recipeval.publish.records import RunRecord
+from recipeval.recipe.schema import STAGES
+
+# Column -> metric name endings to look for in a record, first match wins.
+TIMING_COLUMNS = {
+    "rollout time (s)": ("perf/rollout_time",),
+    "actor train time (s)": ("perf/actor_train_time",),
+    "cycle time (s)": ("cycle_time", "perf/step_time"),
+    "tokens/s/GPU": ("tokens_per_gpu_per_sec", "perf/tokens_per_gpu_per_sec"),
+}
+LOGPROB_COLUMN = ("train_rollout_logprob_abs_diff",)
+PACKAGES_SHOWN = ("sglang", "megatron-core", "torch", "ray", "transformers")
+
+
+def find_metric(record: RunRecord, endings: tuple[str, ...], stage: str | None = None) -> str | None:
+    for ending in endings:
+        for name in sorted(record.metrics):
+            if (stage is None or name.startswith(stage + ".")) and name.endswith(ending):
+                return name
+    return None
+
+
+def _fmt(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return ""
+    return f"{value:.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def _with_interval(record: RunRecord, metric: str | None) -> str:
+    if metric is None:
+        return ""
+    text = _fmt(record.metrics[metric])
+    if metric in record.intervals:
+        low, high = record.intervals[metric]
+        text += f" [{_fmt(low)}, {_fmt(high)}]"
+    return text
+
+
+def _history_text(verdict: RecipeVerdict | None) -> str:
+    if verdict is None:
+        return ""
+    if verdict.status == "failed":
+        return "failed: " + "; ".join(verdict.failures)
+    notes = [f"{m.kind} {m.metric.split('.', 1)[-1]} {m.rel_change:+.1%}"
+             for m in verdict.regressions + verdict.improvements if m.rel_change is not None]
+    if notes:
+        return "; ".join(notes)
+    if verdict.metrics and all(m.kind == "no_history" for m in verdict.metrics):
+        return "first run"
+    return "ok"
+
+
+def _expect_text(record: RunRecord) -> str:
+    if not record.expect:
+        return ""
+    off = [f"{k}: {v}" for k, v in record.expect.items() if v != "ok"]
+    return "ok" if not off else "; ".join(off)
+
+
+def _stage_text(record: RunRecord, stage: str) -> str:
+    outcome = record.stages.get(stage)
+    if outcome is None:
+        return ""
+    if outcome.status == "pass":
+        return "pass"
+    reason = outcome.message or "; ".join(outcome.failed_checks)
+    return f"{outcome.status}: {reason}" if reason else outcome.status
+
+
+def table(records: list[RunRecord], verdicts: dict[str, RecipeVerdict]) -> pd.DataFrame:
+    rows = []
+    for rec in records:
+        gpus = (f"{rec.gpu} x {rec.nodes * rec.gpus_per_node}"
+                if rec.gpu and rec.nodes and rec.gpus_per_node else "CPU")
+        row = {
+            "recipe": rec.recipe, "platform": rec.platform or "", "GPUs": gpus,
+            "layout": rec.layout or "", "max response len": rec.max_response_len or "",
+        }
+        for stage in STAGES:
+            row[stage] = _stage_text(rec, stage)
+        for column, endings in TIMING_COLUMNS.items():
+            row[column] = _with_interval(rec, find_metric(rec, endings, "bench"))
+        row["logprob diff"] = _with_interval(rec, find_metric(rec, LOGPROB_COLUMN, "logprob_diff"))
+        row["vs expect"] = _expect_text(rec)
+        row["vs history"] = _history_text(verdicts.get(rec.run_id))
+        row["date"] = (rec.date or "")[:16].replace("T", " ")
+        row["recipe sha256"] = rec.recipe_sha256[:12]
+        row["packages"] = ", ".join(f"{p} {rec.packages[p]}" for p in PACKAGES_SHOWN if p in rec.packages)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _md_cell(value: object) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(frame: pd.DataFrame) -> str:
+    """A GitHub-flavoured table (pasteable into a PR or a release note)."""
+    header = "| " + " | ".join(_md_cell(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body]) + "\n"
+
+
+def to_html(frame: pd.DataFrame) -> str:
+    """An HTML table whose status cells carry a class for colour."""
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    rows = []
+    for row in frame.itertuples(index=False):
+        cells = []
+        for column, value in zip(frame.columns, row):
+            text = str(value)
+            cls = _cell_class(column, text)
+            cells.append(f'<td class="{cls}">{html.escape(text)}</td>' if cls else f"<td>{html.escape(text)}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return f'<table class="results"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _cell_class(column: str, text: str) -> str:
+    if column in STAGES or column in ("vs history", "vs expect"):
+        for word, cls in (("pass", "pass"), ("ok", "pass"), ("fail", "fail"), ("error", "fail"),
+                          ("regression", "fail"), ("skipped", "skip"), ("improvement", "better"),
+                          ("first run", "skip")):
+            if text.startswith(word):
+                return cls
+    return ""
