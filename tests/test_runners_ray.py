@@ -1,0 +1,117 @@
+"""The ray runner against a real head that it starts itself (shared through
+RECIPEVAL_RAY_STATE_DIR, as a pipeline run does), and `recipeval ray-down`, which must stop
+that head and nothing else."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import psutil
+import pytest
+
+pytest.importorskip("ray", reason="ray[default] is not installed")
+
+from recipeval.runners import ray_head  # noqa: E402
+from recipeval.runners.ray import RayRunner  # noqa: E402
+from runner_jobs import CRASH, ECHO_ARGV, HOSTILE_WORDS, WAIT_FOR_STOP, python_launch  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def shared_head(tmp_path_factory):
+    state_dir = tmp_path_factory.mktemp("ray-state")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ray_head.STATE_DIR_ENV, str(state_dir))
+        mp.delenv("RAY_ADDRESS", raising=False)
+        runner = RayRunner()
+        yield state_dir, runner
+    ray_head.shared_head_down(state_dir)
+
+
+def test_job_streams_output_env_and_hostile_values_stay_words(shared_head, tmp_path):
+    _, runner = shared_head
+    words = [w.format(marker=tmp_path / "pwned") for w in HOSTILE_WORDS]
+    lines: list[str] = []
+    result = runner.run(
+        python_launch(ECHO_ARGV, *words, env={"RECIPEVAL_TEST_VALUE": "from-recipe"}),
+        lines.append, timeout=120,
+    )
+    assert result.exit_code == 0, (result, lines)
+    argv_line = next(line for line in lines if line.startswith("ARGV "))
+    assert json.loads(argv_line[5:]) == words
+    assert "ENV from-recipe" in lines
+    assert not list(tmp_path.glob("pwned*"))
+
+
+def test_second_runner_reuses_the_recorded_head(shared_head):
+    state_dir, runner = shared_head
+    again = RayRunner()  # the env var is still set by the fixture
+    assert again.address == runner.address
+    assert ray_head.read_state(state_dir).dashboard == runner.address
+
+
+def test_crash_gives_exit_status_and_output(shared_head):
+    _, runner = shared_head
+    lines: list[str] = []
+    result = runner.run(python_launch(CRASH), lines.append, timeout=120)
+    assert result.exit_code == 1 and "FAILED" in result.detail
+    assert any("planted crash" in line for line in lines)
+
+
+def test_stop_on_request_stops_the_job_process(shared_head):
+    _, runner = shared_head
+    stop = threading.Event()
+    program = "import os\nprint('PID', os.getpid(), flush=True)\n" + WAIT_FOR_STOP
+    pid: list[int] = []
+
+    def on_line(line: str) -> None:
+        if line.startswith("PID "):
+            pid.append(int(line.split()[1]))
+        if line == "ready":
+            stop.set()
+
+    result = runner.run(python_launch(program), on_line, timeout=120, stop=stop)
+    assert result.stopped and not result.timed_out and "STOPPED" in result.detail
+    assert pid, "the job printed its pid"
+    assert _gone(pid[0])
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_timeout(shared_head):
+    _, runner = shared_head
+    result = runner.run(python_launch(WAIT_FOR_STOP), lambda line: None, timeout=3)
+    assert result.timed_out and result.exit_code is None and "timed out after 3 s" in result.detail
+
+
+def test_ray_down_stops_only_our_head(shared_head, tmp_path):
+    state_dir, _ = shared_head
+    state = ray_head.read_state(state_dir)
+    assert state is not None and ray_head.head_alive(state)
+    ours = [p.pid for p in psutil.process_iter(["cmdline"]) if state.temp_dir in " ".join(p.info["cmdline"] or [])]
+    assert ours, "the head's processes name its temp dir"
+    # A process that looks like Ray but is not ours must survive.
+    decoy = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "ray::IDLE", "--temp-dir=/tmp/ray"]
+    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "recipeval", "ray-down", "--state-dir", str(state_dir)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert proc.returncode == 0 and "stopped" in proc.stdout, proc.stderr
+        assert decoy.poll() is None
+        assert [pid for pid in ours if not _gone(pid)] == []
+        assert ray_head.read_state(state_dir) is None
+    finally:
+        decoy.kill()
+        decoy.wait()
