@@ -1,0 +1,177 @@
+"""The smoke stage and the stage plumbing it shares with logprob_diff and bench: --from-log,
+--require gates, --exit-zero, bad input, and real runs (crash, timeout, step-0 invariant,
+secrets, on_steps stopping a run) through the local runner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+import yaml
+
+from recipeval.recipe import load_recipe
+from recipeval.result import read_result
+from recipeval.stages.common import StageRequest, execute, finish, resolve_and_render
+from recipeval.stages.smoke import judge
+from runner_jobs import miles_like_program, python_launch
+
+from conftest import TINY_RECIPE
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+def smoke_json(out: Path) -> dict:
+    return json.loads((out / "smoke.json").read_text())
+
+
+def test_from_log_pass_writes_result_log_and_steps(cli, tmp_path):
+    proc = cli("smoke", str(TINY_RECIPE), "--out", str(tmp_path), "--from-log", str(LOGS / "miles_clean.log"))
+    assert proc.returncode == 0, proc.stderr
+    result = smoke_json(tmp_path)
+    assert result["status"] == "pass"
+    assert {c["id"] for c in result["checks"]} >= {
+        "rollouts_logged", "loss_finite", "grad_norm_finite", "step0_ppo_kl", "step0_pg_clipfrac",
+        "logprob_abs_diff_finite",
+    }
+    steps = pd.read_parquet(tmp_path / "smoke.steps.parquet")
+    assert list(steps["rollout_id"]) == [0, 1, 2]
+    assert (tmp_path / "smoke.log").read_text() == (LOGS / "miles_clean.log").read_text()
+    assert result["summary"]["runner"] == "from-log"
+
+
+def test_from_log_of_crashed_run_is_error_with_last_lines(cli, tmp_path):
+    proc = cli("smoke", "--recipe", str(TINY_RECIPE), "--out", str(tmp_path),
+               "--from-log", str(LOGS / "miles_ray_irregular.log"))
+    assert proc.returncode == 3
+    result = smoke_json(tmp_path)
+    assert result["status"] == "error"
+    assert "RuntimeError: NCCL error" in result["message"]
+    assert result["summary"]["malformed_lines"] == 2
+    again = cli("smoke", str(TINY_RECIPE), "--out", str(tmp_path), "--exit-zero",
+                "--from-log", str(tmp_path / "smoke.log"))  # the stage's own log, judged in place
+    assert again.returncode == 0 and smoke_json(tmp_path)["status"] == "error"
+
+
+def test_require_gate_not_pass_writes_skipped(cli, tmp_path):
+    gate = tmp_path / "gate"
+    assert cli("smoke", str(TINY_RECIPE), "--out", str(gate), "--exit-zero",
+               "--from-log", str(LOGS / "miles_ray_irregular.log")).returncode == 0
+    out = tmp_path / "out"
+    proc = cli("smoke", str(TINY_RECIPE), "--out", str(out), "--require", str(gate / "smoke.json"))
+    assert proc.returncode == 3
+    result = smoke_json(out)
+    assert result["status"] == "skipped"
+    assert "gate smoke" in result["message"] and "is error" in result["message"]
+    assert not (out / "smoke.log").exists()
+    assert cli("smoke", str(TINY_RECIPE), "--out", str(out), "--exit-zero",
+               "--require", str(gate / "smoke.json")).returncode == 0
+
+
+def test_bad_input_exits_2_with_one_line(cli, tmp_path):
+    missing_gate = cli("smoke", str(TINY_RECIPE), "--out", str(tmp_path), "--require", str(tmp_path / "no.json"))
+    assert missing_gate.returncode == 2 and "run that stage first" in missing_gate.stderr
+    both = cli("smoke", str(TINY_RECIPE), "--recipe", str(TINY_RECIPE), "--out", str(tmp_path))
+    assert both.returncode == 2 and "give the recipe once" in both.stderr
+    raw = yaml.safe_load(TINY_RECIPE.read_text())
+    raw["args"].pop("num-rollout")
+    raw["stages"]["smoke"]["args"].pop("num-rollout")
+    recipe = tmp_path / "no-rollouts.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    proc = cli("smoke", str(recipe), "--out", str(tmp_path), "--from-log", str(LOGS / "miles_clean.log"))
+    assert proc.returncode == 2
+    assert "stages.smoke.args.num-rollout" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "smoke.json").exists()
+
+
+# --- real runs through the shared plumbing (execute -> judge -> finish) -----------------
+
+def request_for(out: Path, runner: str = "local", timeout: float | None = 60) -> StageRequest:
+    return StageRequest(stage="smoke", loaded=load_recipe(TINY_RECIPE), out=out, runner=runner,
+                        timeout=timeout)
+
+
+def smoke_with(program: str, out: Path, runner: str = "local", timeout: float | None = 60,
+               env: dict[str, str] | None = None):
+    request = request_for(out, runner, timeout)
+    resolved, _ = resolve_and_render(request)
+    outcome = execute(request, resolved, python_launch(program, env=env), request.artifact(".log"))
+    result = finish(request, judge(outcome, expected=3), "2026-01-01T00:00:00+00:00", outcome.steps)
+    assert read_result(out / "smoke.json") == result
+    return result, outcome
+
+
+def test_clean_run_passes(tmp_path):
+    result, outcome = smoke_with(miles_like_program(3), tmp_path)
+    assert result.status == "pass", result.message
+    assert outcome.run.exit_code == 0 and len(outcome.steps) == 3
+
+
+def test_crash_mid_run_is_error_with_the_crash_lines(tmp_path):
+    result, _ = smoke_with(miles_like_program(3, crash_after=1), tmp_path)
+    assert result.status == "error"
+    assert "crashed" in result.message and "planted crash at rollout 1" in result.message
+
+
+def test_timeout_is_error_and_leaves_no_process(tmp_path):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    result, outcome = smoke_with(miles_like_program(3, hang_after=1), tmp_path, timeout=3)
+    assert result.status == "error" and "timed out after 3 s" in result.message
+    assert outcome.run.timed_out
+    assert {p.pid for p in psutil.Process().children(recursive=True)} - before == set()
+
+
+def test_step0_invariant_violation_fails(tmp_path):
+    result, _ = smoke_with(miles_like_program(3, ppo_kl0=0.25), tmp_path)
+    assert result.status == "fail"
+    bad = [c for c in result.checks if not c.ok]
+    assert [c.id for c in bad] == ["step0_ppo_kl"] and bad[0].value == 0.25
+
+
+def test_secrets_never_reach_the_log(tmp_path):
+    secret = "hf_planted_secret_value_123"
+    result, _ = smoke_with(miles_like_program(3, print_env="HF_TOKEN"), tmp_path,
+                           env={"HF_TOKEN": secret})
+    log = (tmp_path / "smoke.log").read_text()
+    assert "env says ***" in log and secret not in log
+    assert secret not in (tmp_path / "smoke.json").read_text()
+    assert result.status == "pass"
+
+
+def test_on_steps_can_stop_the_run(tmp_path):
+    program = miles_like_program(200).replace("for i in range(200):\n", "for i in range(200):\n    time.sleep(0.1)\n")
+    request = request_for(tmp_path)
+    resolved, _ = resolve_and_render(request)
+    seen = threading.Event()
+
+    def enough(steps: pd.DataFrame) -> bool:
+        seen.set()
+        return len(steps) >= 3
+
+    outcome = execute(request, resolved, python_launch(program), request.artifact(".log"), enough)
+    assert seen.is_set() and outcome.run.stopped and outcome.failure is None
+    assert 3 <= len(outcome.steps) < 200
+
+
+@pytest.mark.slow
+def test_ray_runner_pass_and_crash(tmp_path, monkeypatch):
+    pytest.importorskip("ray")
+    from recipeval.runners import ray_head
+
+    state = tmp_path / "ray-state"
+    monkeypatch.setenv(ray_head.STATE_DIR_ENV, str(state))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    try:
+        ok, outcome = smoke_with(miles_like_program(3), tmp_path / "ok", runner="ray", timeout=180)
+        assert ok.status == "pass", ok.message
+        assert outcome.runner == "ray"
+        crashed, _ = smoke_with(miles_like_program(3, crash_after=1), tmp_path / "crash",
+                                runner="ray", timeout=180)
+        assert crashed.status == "error" and "planted crash at rollout 1" in crashed.message
+    finally:
+        ray_head.shared_head_down(state)
+    shutil.rmtree(state, ignore_errors=True)
