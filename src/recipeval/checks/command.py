@@ -1,0 +1,47 @@
+"""`recipeval env-check`: run the checks, print one verdict per recipe (and its failing checks),
+write the StageResults, and return the exit code."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from recipeval.checks.run import env_check, exit_code, report_lines, write_outputs
+
+
+def env_check_command(recipes: list[Path], static: bool, stage: str | None, out: Path | None,
+                      exit_zero: bool, probe_only: bool) -> int:
+    if probe_only:
+        if recipes:
+            print("recipeval: --probe-only takes no recipe (it prints this machine's probe)",
+                  file=sys.stderr)
+            return 2
+        from recipeval.checks.probe import probe
+
+        print(json.dumps(probe(), indent=2))
+        return 0
+    if not recipes:
+        print("recipeval: name at least one recipe (argument or --recipe)", file=sys.stderr)
+        return 2
+    if out is not None and out.suffix == ".json" and len(recipes) > 1:
+        print(f"recipeval: --out {out}: a .json file holds one recipe's result; give a folder for "
+              f"{len(recipes)} recipes", file=sys.stderr)
+        return 2
+    outcome = env_check(recipes, static=static, stage=stage)
+    for line in outcome.bad_input:
+        print(f"recipeval: {line}", file=sys.stderr)
+    for result in outcome.results:
+        print("\n".join(report_lines(result)))
+    if out is not None and outcome.results:
+        try:
+            paths = write_outputs(outcome, out)
+        except ValueError as err:
+            print(f"recipeval: {err}", file=sys.stderr)
+            return 2
+        except OSError as err:
+            print(f"recipeval: cannot write {out}: {err.strerror or err}", file=sys.stderr)
+            return 3
+        for path in paths:
+            print(f"wrote {path}")
+    return exit_code(outcome, exit_zero and out is not None)

@@ -1,0 +1,170 @@
+"""Memory per GPU: the training state under the parallel layout next to the rollout engine's
+static fraction, against the GPU's memory. A first-order model: it counts parameters,
+gradients and optimizer state (not activations, which recompute and micro-batching bound), and
+says so in every message."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from recipeval.checks.subject import Subject
+from recipeval.result import Check
+
+GB = 1e9
+# Vendor-stated memory per GPU, in GB (1e9 bytes). Unknown models get an info check, not a guess.
+GPU_MEMORY_GB: dict[str, float] = {
+    "MI355X": 288, "MI350X": 288, "MI325X": 256, "MI300X": 192, "MI300A": 128, "MI250X": 128,
+    "H100": 80, "H100-NVL": 94, "H200": 141, "H20": 96, "GH200": 96,
+    "B200": 180, "B300": 288, "GB200": 186, "A100": 80, "L40S": 48,
+}
+# Within this fraction of the GPU's memory the plan has no room for activations and
+# fragmentation: a warning, not yet an error.
+NEAR_FULL = 0.95
+# Adam keeps an fp32 master copy plus two fp32 moments; SGD a master copy and a momentum.
+OPTIMIZER_BYTES = {"adam": 12, "sgd": 8}
+
+
+def gpu_memory_gb(gpu: str | None) -> float | None:
+    if not gpu:
+        return None
+    name = gpu.upper().replace(" ", "-")
+    for model in sorted(GPU_MEMORY_GB, key=len, reverse=True):
+        if model in name:
+            return GPU_MEMORY_GB[model]
+    return None
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """Per-GPU bytes of the training state and the assumptions behind them."""
+
+    params_per_gpu: float
+    param_bytes: float
+    grad_bytes: float
+    optimizer_bytes: float
+    assumptions: list[str]
+
+    @property
+    def total(self) -> float:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+def _moe_layers(subject: Subject) -> int:
+    layers = subject.recipe.model.layers
+    freq = subject.recipe.model.args.get("moe-layer-freq")
+    if isinstance(freq, str) and freq.strip().startswith("["):
+        try:
+            return sum(1 for x in ast.literal_eval(freq) if x)
+        except (ValueError, SyntaxError):
+            return layers
+    if isinstance(freq, int) and freq > 0:
+        return layers // freq
+    return layers
+
+
+def expert_parameters(subject: Subject) -> float:
+    """Routed-expert weights: per MoE layer, experts x (gate + up + down) projections."""
+    m = subject.recipe.model
+    if not m.experts or not m.moe_ffn_hidden_size:
+        return 0.0
+    gated = bool(m.args.get("swiglu"))
+    return _moe_layers(subject) * m.experts * (3 if gated else 2) * m.hidden_size * m.moe_ffn_hidden_size
+
+
+def train_state(subject: Subject) -> TrainState | None:
+    r = subject.recipe
+    m, p = r.model, r.parallel
+    if not m.parameters:
+        return None
+    experts = min(expert_parameters(subject), m.parameters)
+    dense = m.parameters - experts
+    per_gpu = dense / (p.tp * p.pp) + experts / (p.ep * p.etp * p.pp)
+    half = subject.flag_on("bf16") or subject.flag_on("fp16")
+    param_b = 2 if half else 4
+    grad_b = 4 if (subject.flag_on("accumulate-allreduce-grads-in-fp32") or not half) else 2
+    optimizer = str(subject.arg("optimizer", "adam"))
+    opt_b = OPTIMIZER_BYTES.get(optimizer, 12)
+    on_gpu = 1.0
+    notes = [
+        f"{m.parameters:.3g} parameters, {experts:.3g} in routed experts (sharded by EP x ETP x PP "
+        f"= {p.ep * p.etp * p.pp}), the rest by TP x PP = {p.tp * p.pp}: {per_gpu:.3g} per GPU",
+        f"weights {param_b} B, gradients {grad_b} B, {optimizer} state {opt_b} B per parameter",
+    ]
+    if subject.flag_on("optimizer-cpu-offload"):
+        fraction = float(subject.arg("optimizer-offload-fraction", 1.0))
+        on_gpu = 1.0 - fraction
+        notes.append(f"optimizer offload fraction {fraction:g}: {on_gpu:g} of the optimizer state on GPU")
+    if subject.flag_on("use-distributed-optimizer"):
+        notes.append("distributed optimizer state not divided by DP (upper bound)")
+    notes.append("activations not counted")
+    return TrainState(per_gpu, per_gpu * param_b, per_gpu * grad_b, per_gpu * opt_b * on_gpu, notes)
+
+
+def _train_resident_during_rollout(subject: Subject) -> bool:
+    """miles colocates training and rollout on the same GPUs with --colocate; it offloads the
+    training state during rollout unless --no-offload-train (its default under colocate)."""
+    return subject.flag_on("colocate") and subject.flag_on("no-offload-train")
+
+
+def memory_checks(subject: Subject) -> list[Check]:
+    r = subject.recipe
+    if r.platform == "cpu" or not r.cluster.gpus_per_node:
+        return [subject.check("memory.gpu-known", True, "CPU recipe: no GPU memory to budget",
+                              severity="info")]
+    total_gb = gpu_memory_gb(r.cluster.gpu)
+    if total_gb is None:
+        return [subject.check(
+            "memory.gpu-known", False,
+            f"GPU {r.cluster.gpu!r} is not in the memory table ({', '.join(GPU_MEMORY_GB)}); "
+            "memory not budgeted", key="cluster.gpu", severity="info", value=r.cluster.gpu,
+        )]
+    checks = [subject.check("memory.gpu-known", True, f"{r.cluster.gpu}: {total_gb:g} GB per GPU",
+                            severity="info", value=total_gb)]
+    state = train_state(subject)
+    fraction_flag = "sglang-mem-fraction-static"
+    fraction = subject.arg(fraction_flag)
+    rollout_gb = float(fraction) * total_gb if fraction is not None else None
+    if state is None:
+        checks.append(subject.check("memory.train-state", False,
+                                    "model.parameters not set: training memory not budgeted",
+                                    key="model.parameters", severity="info"))
+        return checks
+    train_gb = state.total / GB
+    resident = _train_resident_during_rollout(subject) and rollout_gb is not None
+    need_gb = train_gb + (rollout_gb if resident else 0.0)
+    parts = (f"training state {train_gb:.1f} GB/GPU (weights {state.param_bytes / GB:.1f}, "
+             f"gradients {state.grad_bytes / GB:.1f}, optimizer {state.optimizer_bytes / GB:.1f})")
+    if resident:
+        parts += (f" stays on the GPU during rollout (colocate, no-offload-train) next to SGLang's "
+                  f"static {fraction} x {total_gb:g} = {rollout_gb:.1f} GB")
+    message = f"{parts}: {need_gb:.1f} of {total_gb:g} GB. Assumes: {'; '.join(state.assumptions)}"
+    key = subject.arg_key(fraction_flag) if resident else "parallel"
+    ok, severity = need_gb <= total_gb * NEAR_FULL, "error" if need_gb > total_gb else "warning"
+    checks.append(subject.check(
+        "memory.per-gpu", ok, message if ok else f"{'over budget' if severity == 'error' else 'near full'}: {message}",
+        key=key, severity=severity if not ok else "error", value=round(need_gb, 1),
+        threshold=round(total_gb * (1 if severity == "error" else NEAR_FULL), 1),
+    ))
+    checks.extend(_rollout_weights(subject, total_gb, rollout_gb, fraction_flag))
+    return checks
+
+
+def _rollout_weights(subject: Subject, total_gb: float, rollout_gb: float | None,
+                     fraction_flag: str) -> list[Check]:
+    """SGLang's static fraction holds the engine's weights plus the KV cache: the weights alone
+    must fit, with room left for KV."""
+    m = subject.recipe.model
+    engine_gpus = subject.int_arg("rollout-num-gpus-per-engine")
+    if rollout_gb is None or not engine_gpus or not m.parameters:
+        return []
+    fp8 = "fp8" in m.name.lower()
+    weights_gb = m.parameters * (1 if fp8 else 2) / engine_gpus / GB
+    ok = weights_gb < rollout_gb
+    return [subject.check(
+        "memory.rollout-weights", ok,
+        f"SGLang engine over {engine_gpus} GPUs holds {weights_gb:.1f} GB of weights per GPU "
+        f"({'1 B/param: FP8 checkpoint' if fp8 else '2 B/param'}) in its static "
+        f"{rollout_gb:.1f} GB; {'leaves ' + format(rollout_gb - weights_gb, '.1f') + ' GB for the KV cache' if ok else 'no room for the KV cache'}",
+        key=subject.arg_key(fraction_flag), value=round(weights_gb, 1), threshold=round(rollout_gb, 1),
+    )]
