@@ -174,6 +174,32 @@ def smoke(
     stage_exit(run_smoke(request), exit_zero)
 
 
+@app.command("env-check")
+def env_check(
+    recipes: Annotated[list[Path] | None, typer.Argument(help="recipe files", show_default=False)] = None,
+    recipe_opt: Annotated[
+        list[Path] | None, typer.Option("--recipe", help="recipe file (repeatable; or positional)")
+    ] = None,
+    static: Annotated[bool, typer.Option("--static", help="no live probe of this machine")] = False,
+    stage: StageOpt = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="FILE.json (one recipe); or a folder: DIR/env_check.json for one recipe, "
+        "DIR/<recipe-name>/env_check.json for several (each with an env_check.log beside it)",
+    )] = None,
+    exit_zero: ExitZeroOpt = False,
+    probe_only: Annotated[
+        bool, typer.Option("--probe-only", help="print this machine's live probe as JSON; no recipe")
+    ] = False,
+) -> None:
+    """Static checks (megatron-core layout, SGLang flags, rule base, memory, context/batch) and,
+    without --static, a live probe of this machine. Exit 0 no error, 1 an error-severity check
+    failed, 2 bad input, 3 a validator could not run."""
+    from recipeval.checks.command import env_check_command
+
+    raise typer.Exit(env_check_command([*(recipes or []), *(recipe_opt or [])], static, stage, out,
+                                       exit_zero, probe_only))
+
+
 @app.command("parse-log")
 def parse_log(
     log: Annotated[Path, typer.Argument(help="training log", show_default=False)],
