@@ -174,6 +174,42 @@ def smoke(
     stage_exit(run_smoke(request), exit_zero)
 
 
+@app.command("logprob-diff")
+def logprob_diff(
+    recipe: StageRecipeArg = None,
+    recipe_opt: RecipeOpt = None,
+    out: OutOpt = Path("results"),
+    runner: RunnerOpt = None,
+    from_log: FromLogOpt = None,
+    require: RequireOpt = None,
+    exit_zero: ExitZeroOpt = False,
+) -> None:
+    """Train-vs-rollout logprob statistics per variant, and variant vs variant on identical
+    tokens. Exit 0 pass, 1 fail, 3 error, 2 bad input."""
+    from recipeval.stages.logprob_diff import run_logprob_diff
+
+    request = stage_request("logprob_diff", recipe, recipe_opt, out, runner, from_log, require, exit_zero)
+    stage_exit(run_logprob_diff(request), exit_zero)
+
+
+@app.command()
+def bench(
+    recipe: StageRecipeArg = None,
+    recipe_opt: RecipeOpt = None,
+    out: OutOpt = Path("results"),
+    runner: RunnerOpt = None,
+    from_log: FromLogOpt = None,
+    require: RequireOpt = None,
+    exit_zero: ExitZeroOpt = False,
+) -> None:
+    """Steady-state benchmark: stops the run once every watched metric's 95 % interval is
+    within rel_ci (or at max_steps), compares with expect. Exit 0 pass, 1 fail, 3 error, 2 bad input."""
+    from recipeval.stages.bench import run_bench
+
+    request = stage_request("bench", recipe, recipe_opt, out, runner, from_log, require, exit_zero)
+    stage_exit(run_bench(request), exit_zero)
+
+
 @app.command("env-check")
 def env_check(
     recipes: Annotated[list[Path] | None, typer.Argument(help="recipe files", show_default=False)] = None,

@@ -1,0 +1,248 @@
+"""bench: run the bench overlay until every watched metric's steady state is known precisely
+enough, then report it.
+
+While the run goes, after each metric line the step table is handed to the stopping rule
+(analysis.steady_state: warm-up found from the data, 10 % trimmed mean with its 95 %
+interval); the run is stopped as soon as every watched metric has `min_steps` steady steps
+and an interval no wider than `rel_ci` of its value, or at `max_steps`. The verdict per
+metric: precise enough (else fail or warn, as `on_max_steps` says, with the width reached),
+and within `tolerance` of the recipe's `expect.bench` value (slower fails; faster by more
+than the tolerance is flagged as a warning, as Megatron's perf tests flag it: either the
+expectation is stale or the run did less work). `--from-log` judges a finished log the same
+way, without stopping anything.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from recipeval.analysis.steady_state import (
+    StopDecision,
+    StoppingRule,
+    SteadyEstimate,
+    decide,
+    steady_state,
+)
+from recipeval.engines.miles.logparse import CYCLE_TIME, ROLLOUT_ID
+from recipeval.recipe.schema import BenchStage
+from recipeval.result import Check, StageResult, now_iso
+from recipeval.stages.common import (
+    Judgement,
+    RunOutcome,
+    StageRequest,
+    execute,
+    finish,
+    gate_block,
+    resolve_and_render,
+    run_failure,
+    run_summary,
+    skipped,
+)
+
+STAGE = "bench"
+TOKENS_PER_GPU = "perf/tokens_per_gpu_per_sec"
+# Throughput-like metrics: a larger value is better (everything else is a time).
+_HIGHER_IS_BETTER = ("per_sec", "per_s", "tflops", "throughput")
+
+
+def stopping_rule(options: BenchStage) -> StoppingRule:
+    return StoppingRule(rel_ci=options.rel_ci, min_steps=options.min_steps,
+                        max_steps=options.max_steps)
+
+
+def complete_rows(steps: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
+    """The step table without a trailing row that is still being logged (a watched metric
+    other than cycle_time, which is known from the row's first line, still missing)."""
+    if steps.empty:
+        return steps
+    needed = [m for m in metrics if m != CYCLE_TIME and m in steps.columns]
+    if needed and steps[needed].iloc[-1].isna().any():
+        return steps.iloc[:-1]
+    return steps
+
+
+def watched_series(steps: pd.DataFrame, metrics: list[str]) -> dict[str, np.ndarray]:
+    """metric -> its values over the complete rows, NaN where not logged (an absent column is
+    all NaN, so the rule can never call it precise)."""
+    rows = complete_rows(steps, metrics)
+    return {
+        m: rows[m].to_numpy(float) if m in rows.columns else np.full(len(rows), math.nan)
+        for m in metrics
+    }
+
+
+@dataclass
+class BenchWatcher:
+    """The runner's on_steps hook: apply the stopping rule to the table so far."""
+
+    metrics: list[str]
+    rule: StoppingRule
+    decision: StopDecision | None = None
+    calls: int = 0
+    seconds: float = 0.0  # time spent deciding, to show the hook costs nothing
+
+    def __call__(self, steps: pd.DataFrame) -> bool:
+        start = time.perf_counter()
+        self.decision = decide(watched_series(steps, self.metrics), self.rule)
+        self.calls += 1
+        self.seconds += time.perf_counter() - start
+        return self.decision.stop
+
+
+def higher_is_better(metric: str) -> bool:
+    return any(word in metric for word in _HIGHER_IS_BETTER)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}" if math.isfinite(value) else str(value)
+
+
+def precision_check(est: SteadyEstimate, rule: StoppingRule, on_max_steps: str) -> Check:
+    iv = est.interval
+    ok = est.used >= rule.min_steps and iv.rel_width <= rule.rel_ci
+    where = (f"{_fmt(iv.estimate)} [{_fmt(iv.low)}, {_fmt(iv.high)}] over {est.used} steady "
+             f"steps after {est.warmup} warm-up")
+    if ok:
+        message = f"{where}: interval {iv.rel_width:.2%} of the value (limit {rule.rel_ci:.2%})"
+    elif est.used < rule.min_steps:
+        message = f"{where}: fewer than min_steps {rule.min_steps} steady steps"
+    else:
+        message = (f"{where}: interval still {iv.rel_width:.2%} of the value, wider than "
+                   f"rel_ci {rule.rel_ci:.2%}")
+    return Check(
+        id=f"precision:{est.metric}", ok=ok, severity="error" if on_max_steps == "fail" else "warning",
+        value=None if math.isinf(iv.rel_width) else iv.rel_width, threshold=rule.rel_ci,
+        key="stages.bench.rel_ci", message=message,
+    )
+
+
+def expect_check(est: SteadyEstimate, key: str, expected: float, tolerance: float) -> Check:
+    value = est.interval.estimate
+    ratio = value / expected if expected else math.inf
+    better = ratio > 1 if higher_is_better(est.metric) else ratio < 1
+    off = abs(ratio - 1)
+    ok = off <= tolerance
+    if ok:
+        how = f"within {tolerance:.0%} of expected {_fmt(expected)}"
+        severity = "error"
+    elif better:
+        how = (f"{off:.1%} better than expected {_fmt(expected)} (tolerance {tolerance:.0%}): "
+               f"update expect.bench.{key} if this is real, or check the run did the same work")
+        severity = "warning"
+    else:
+        how = f"{off:.1%} worse than expected {_fmt(expected)} (tolerance {tolerance:.0%})"
+        severity = "error"
+    return Check(id=f"expect:{est.metric}", ok=ok, severity=severity, value=value,
+                 threshold=expected, key=f"expect.bench.{key}",
+                 message=f"{est.metric} = {_fmt(value)}: {how}")
+
+
+def _metric_for(key: str, columns: list[str]) -> str | None:
+    """An expect key names a metric fully (perf/rollout_time) or by its last part."""
+    if key in columns:
+        return key
+    matches = [c for c in columns if c.split("/")[-1] == key]
+    return matches[0] if len(matches) == 1 else None
+
+
+def judge(outcome: RunOutcome, options: BenchStage, expect: dict[str, float],
+          watcher: BenchWatcher | None) -> tuple[Judgement, dict[str, SteadyEstimate]]:
+    rule = stopping_rule(options)
+    steps = outcome.steps
+    series = watched_series(steps, options.metrics)
+    estimates = {m: steady_state(v, m, rule.confidence) for m, v in series.items()}
+    summary: dict[str, Any] = {
+        "rel_ci": rule.rel_ci, "min_steps": rule.min_steps, "max_steps": rule.max_steps,
+        "steps": len(complete_rows(steps, options.metrics)),
+        "stop": _stop_reason(outcome, watcher),
+        "metrics": {m: e.to_dict() for m, e in estimates.items()},
+    }
+    if watcher is not None:
+        summary["stopping_rule_calls"] = watcher.calls
+        summary["stopping_rule_ms_per_call"] = round(1e3 * watcher.seconds / max(watcher.calls, 1), 3)
+    if TOKENS_PER_GPU in steps.columns:
+        tokens = steady_state(complete_rows(steps, options.metrics)[TOKENS_PER_GPU].to_numpy(float),
+                              TOKENS_PER_GPU, rule.confidence)
+        estimates[TOKENS_PER_GPU] = tokens
+        summary["tokens_per_gpu_per_sec"] = tokens.to_dict()
+    failure = run_failure(outcome)
+    missing = [m for m, e in estimates.items() if m in options.metrics and e.steps == 0]
+    if failure is None and missing:
+        failure = (f"watched metric(s) never logged: {', '.join(missing)}; check "
+                   f"stages.bench.metrics against the log ({outcome.log_path})")
+    if failure is not None:
+        return Judgement(checks=[], summary=summary, error=failure), estimates
+    checks = [precision_check(estimates[m], rule, options.on_max_steps) for m in options.metrics]
+    columns = [c for c in steps.columns if c not in (ROLLOUT_ID, "timestamp")]
+    for key, expected in expect.items():
+        metric = _metric_for(key, columns)
+        if metric is None:
+            checks.append(Check(id=f"expect:{key}", ok=False, severity="warning",
+                                key=f"expect.bench.{key}",
+                                message=f"expect.bench.{key} names no logged metric"))
+            continue
+        if metric not in estimates:
+            estimates[metric] = steady_state(complete_rows(steps, options.metrics)[metric]
+                                             .to_numpy(float), metric, rule.confidence)
+            summary["metrics"][metric] = estimates[metric].to_dict()
+        checks.append(expect_check(estimates[metric], key, expected, options.tolerance))
+    imprecise = [c.id.split(":", 1)[1] for c in checks if c.id.startswith("precision:") and not c.ok]
+    message = ""
+    if imprecise:
+        message = (f"{', '.join(imprecise)} not precise enough after {summary['steps']} steps "
+                   f"(rel_ci {rule.rel_ci:.1%}; on_max_steps: {options.on_max_steps})")
+    return Judgement(checks=checks, summary=summary, message=message), estimates
+
+
+def _stop_reason(outcome: RunOutcome, watcher: BenchWatcher | None) -> str:
+    if outcome.run is None:
+        return "judged from a log"
+    if outcome.run.stopped and watcher is not None and watcher.decision is not None:
+        return watcher.decision.reason
+    return "the run ended by itself"
+
+
+def _plot(request: StageRequest, steps: pd.DataFrame, metrics: list[str],
+          estimates: dict[str, SteadyEstimate]) -> dict[str, str]:
+    from recipeval.analysis.plots import step_time_plot
+
+    rows = complete_rows(steps, metrics)
+    series = {}
+    for metric in [*metrics, TOKENS_PER_GPU]:
+        if metric not in rows.columns or metric not in estimates:
+            continue
+        values = rows[metric].to_numpy(float)
+        finite = np.isfinite(values)
+        series[metric] = (rows[ROLLOUT_ID].to_numpy()[finite], values[finite])
+    if not series:
+        return {}
+    return {"plot": str(step_time_plot(series, estimates, request.artifact(".steps.png")))}
+
+
+def run_bench(request: StageRequest) -> StageResult:
+    """Bad input (recipe, usage) raises before anything is written."""
+    if request.stage != STAGE:
+        raise ValueError(f"run_bench got a {request.stage} request")
+    blocked = gate_block(request)
+    if blocked is not None:
+        return skipped(request, *blocked)
+    resolved, launch = resolve_and_render(request)
+    options = request.loaded.recipe.stages.bench
+    watcher = None if request.from_log else BenchWatcher(list(options.metrics), stopping_rule(options))
+    started = now_iso()
+    clock = time.monotonic()
+    outcome = execute(request, resolved, launch, request.artifact(".log"), watcher)
+    expect = dict(request.loaded.recipe.expect.get("bench", {}))
+    judgement, estimates = judge(outcome, options, expect, watcher)
+    judgement.summary = {**run_summary(outcome, time.monotonic() - clock), **judgement.summary}
+    artifacts = _plot(request, outcome.steps, list(options.metrics), estimates)
+    return finish(request, judgement, started, outcome.steps, artifacts)
+
+
+__all__ = ["STAGE", "BenchWatcher", "judge", "run_bench", "watched_series"]

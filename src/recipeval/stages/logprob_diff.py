@@ -1,0 +1,374 @@
+"""logprob_diff: is the recipe numerically sound? Per variant (stages.logprob_diff.variants;
+none given: the recipe as is), a short run with the logprob_diff overlay, then train-vs-rollout
+logprob statistics (analysis.logprob): from the engine's per-token dump where it makes one
+(the reference engine, through --dump-logprobs), else from the logged scalars.
+
+Verdicts per variant, against the anchors' limits (overridable in stages.logprob_diff
+.thresholds; any statistic may be given a limit there, `abs_diff_cutoff` sets the |d| cutoff
+of frac_above_cutoff):
+- first_rollout_abs_mean_diff <= 0.03 (miles --ci-test at rollout 0, same weights on both
+  sides, so any gap is numerics);
+- token_mult_prob_error <= 1.05 and prob_abs_diff_mean <= 0.01 at the worst rollout (NeMo-RL
+  and verl watch these at every step);
+- rollout_growth: no rollout's mean |d| may exceed rollout 0's by more than miles' own history
+  band (+50 %, absolute floor 0.02). The two sides share weights through the weight sync; a
+  sync that is skipped or broken shows as a diff that grows with every update.
+Variant vs reference (`baseline`, else the first variant): the shift in per-sample mean |d|
+with its 95 % Welch interval and a Mann-Whitney p-value, so a backend change reads as a signed
+difference with its uncertainty.
+
+Files: DIR/logprob_diff.json, .log (the variants' logs, each after a marker line),
+.steps.parquet and .tokens.parquet (with a `variant` column), .hist.png, .position.png.
+`--from-log` re-judges such a log (and the token table beside it, when there is one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from recipeval.analysis import logprob as lp
+from recipeval.engines import render
+from recipeval.engines.miles.logparse import parse_lines, write_steps
+from recipeval.errors import RecipeError, UsageError
+from recipeval.recipe import resolve
+from recipeval.result import Check, StageResult, now_iso
+from recipeval.stages.common import (
+    Judgement,
+    RunOutcome,
+    StageRequest,
+    execute,
+    finish,
+    gate_block,
+    run_failure,
+    skipped,
+)
+
+STAGE = "logprob_diff"
+REFERENCE_NAME = "baseline"
+CUTOFF_KEY = "abs_diff_cutoff"
+# miles' history band for train_rollout_logprob_abs_diff, applied along one run.
+GROWTH_RELATIVE, GROWTH_FLOOR = 0.5, 0.02
+MARKER = re.compile(r"^=== recipeval logprob_diff variant (?P<name>.+) ===$")
+WORST_ROLLOUT_CHECKS = ("token_mult_prob_error", "prob_abs_diff_mean")
+TOKEN_STATS = {f.name for f in dataclasses.fields(lp.DiffStats)}
+SCALAR_STATS = {f.name for f in dataclasses.fields(lp.ScalarStats)}
+
+
+def marker(name: str) -> str:
+    return f"=== recipeval logprob_diff variant {name} ==="
+
+
+def file_safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+@dataclass
+class VariantRun:
+    """One variant's data, however it was obtained."""
+
+    name: str
+    steps: pd.DataFrame
+    tokens: pd.DataFrame | None
+    log_lines: list[str]
+    failure: str | None = None
+
+
+@dataclass
+class VariantVerdict:
+    name: str
+    summary: dict[str, Any]
+    checks: list[Check]
+    per_sample_abs_diff: np.ndarray
+    abs_diffs: np.ndarray | None
+    buckets: pd.DataFrame | None
+
+
+def variant_names(request: StageRequest) -> tuple[list[str | None], str | None]:
+    """The variants to run (None: the recipe as is) and the reference among them."""
+    variants = list(request.loaded.recipe.stages.logprob_diff.variants)
+    if not variants:
+        return [None], None
+    return variants, REFERENCE_NAME if REFERENCE_NAME in variants else variants[0]
+
+
+def thresholds(request: StageRequest) -> tuple[dict[str, tuple[float, str]], float]:
+    """Defaults with the recipe's overrides; unknown statistic names are bad input."""
+    given = dict(request.loaded.recipe.stages.logprob_diff.thresholds)
+    cutoff = float(given.pop(CUTOFF_KEY, lp.DEFAULT_ABS_DIFF_CUTOFF))
+    known = TOKEN_STATS | SCALAR_STATS | {"rollout_growth"}
+    for key in given:
+        if key not in known:
+            raise request.loaded.error(
+                f"stages.logprob_diff.thresholds.{key}",
+                f"{key!r} is no logprob statistic; use one of: {', '.join(sorted(known))} "
+                f"(or {CUTOFF_KEY})",
+            )
+    return lp.thresholds_with(given), cutoff
+
+
+# --- getting the data ---------------------------------------------------------------
+
+
+def run_variant(request: StageRequest, name: str | None) -> VariantRun:
+    label = name or REFERENCE_NAME
+    try:
+        resolved = resolve(request.loaded.recipe, STAGE, name)
+    except KeyError as err:
+        raise RecipeError(request.loaded.path, str(err.args[0])) from None
+    dump = request.out / f".{STAGE}.{file_safe(label)}.tokens.parquet"
+    if resolved.recipe.engine == "reference":
+        resolved = dataclasses.replace(resolved, args={**resolved.args, "dump-logprobs": str(dump)})
+    dump.unlink(missing_ok=True)
+    log_path = request.out / f".{STAGE}.{file_safe(label)}.log"
+    outcome = execute(request, resolved, render(resolved), log_path)
+    lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    log_path.unlink(missing_ok=True)
+    tokens = None
+    if dump.is_file():
+        tokens = pd.read_parquet(dump)
+        dump.unlink()
+    return VariantRun(label, outcome.steps, tokens, lines, _failure(outcome))
+
+
+def _failure(outcome: RunOutcome) -> str | None:
+    failure = run_failure(outcome)
+    if failure is None and outcome.steps.empty:
+        failure = f"the run logged no rollout; last log lines:\n{outcome.tail_text()}"
+    return failure
+
+
+def split_log(lines: list[str], names: list[str | None]) -> dict[str, list[str]]:
+    """A combined stage log -> lines per variant; a log without markers is the reference's
+    (or the only) variant."""
+    parts: dict[str, list[str]] = {}
+    current = None
+    for line in lines:
+        match = MARKER.match(line.strip())
+        if match:
+            current = match.group("name")
+            parts.setdefault(current, [])
+        elif current is not None:
+            parts[current].append(line)
+    if not parts:
+        first = names[0] or REFERENCE_NAME
+        return {first: lines}
+    return parts
+
+
+def from_log(request: StageRequest, names: list[str | None]) -> list[VariantRun]:
+    source = request.from_log
+    assert source is not None
+    if not source.is_file():
+        raise UsageError(f"--from-log {source}: no such file")
+    lines = source.read_text(encoding="utf-8", errors="replace").splitlines()
+    tokens_path = source.with_name(f"{source.stem}.tokens.parquet")
+    tokens = pd.read_parquet(tokens_path) if tokens_path.is_file() else None
+    runs = []
+    for name, part in split_log(lines, names).items():
+        steps = parse_lines(part).steps
+        mine = None
+        if tokens is not None and "variant" in tokens.columns:
+            mine = tokens[tokens["variant"] == name].drop(columns="variant")
+            mine = mine if len(mine) else None
+        failure = None if len(steps) else f"variant {name}: the log holds no rollout"
+        runs.append(VariantRun(name, steps, mine, part, failure))
+    return runs
+
+
+# --- judging --------------------------------------------------------------------------
+
+
+def per_rollout(tokens: pd.DataFrame, cutoff: float) -> pd.DataFrame:
+    rows = []
+    for rollout_id, part in tokens.groupby("rollout_id", sort=True):
+        st = lp.diff_stats(part, abs_diff_cutoff=cutoff)
+        rows.append({"rollout_id": int(rollout_id), **st.to_dict()})
+    return pd.DataFrame(rows)
+
+
+def per_sample_abs_diff(tokens: pd.DataFrame) -> np.ndarray:
+    masked = tokens[tokens["loss_mask"].astype(bool)]
+    d = (masked["logp_rollout"] - masked["logp_train"]).abs()
+    return d.groupby([masked["rollout_id"], masked["sample"]]).mean().to_numpy(float)
+
+
+def growth_check(name: str, by_rollout: pd.Series) -> Check:
+    series = by_rollout.dropna()
+    if len(series) < 2:
+        return Check(id=f"{name}:rollout_growth", ok=True, severity="info",
+                     message="one rollout only: growth along the run not measurable")
+    first = float(series.iloc[0])
+    limit = max(first * (1 + GROWTH_RELATIVE), first + GROWTH_FLOOR)
+    worst_at = int(series.iloc[1:].idxmax())
+    worst = float(series.loc[worst_at])
+    ok = worst <= limit
+    return Check(
+        id=f"{name}:rollout_growth", ok=ok, value=worst, threshold=limit,
+        message=f"mean |d| {first:.4g} at the first rollout, worst later {worst:.4g} (rollout "
+        f"{worst_at}); limit {limit:.4g} (+50 %, floor +0.02)"
+        + ("" if ok else ": the diff grows with training, as when the rollout side misses "
+           "weight updates"),
+    )
+
+
+def judge_variant(run: VariantRun, limits: dict[str, tuple[float, str]],
+                  cutoff: float) -> VariantVerdict:
+    checks: list[Check] = []
+    if run.tokens is not None and len(run.tokens):
+        lp.check_token_table(run.tokens)
+        overall = lp.diff_stats(run.tokens, abs_diff_cutoff=cutoff)
+        rollouts = per_rollout(run.tokens, cutoff)
+        values = overall.to_dict()
+        for key in WORST_ROLLOUT_CHECKS:
+            values[key] = float(rollouts[key].max())
+        summary: dict[str, Any] = {"source": "token dump", **overall.to_dict(),
+                                   **{f"worst_rollout_{k}": values[k] for k in WORST_ROLLOUT_CHECKS}}
+        growth = rollouts.set_index("rollout_id")["mean_abs_diff"]
+        samples = per_sample_abs_diff(run.tokens)
+        masked = run.tokens[run.tokens["loss_mask"].astype(bool)]
+        abs_diffs = (masked["logp_rollout"] - masked["logp_train"]).abs().to_numpy(float)
+        buckets = lp.by_position(run.tokens)
+        summary["by_position"] = buckets.to_dict(orient="records")
+    else:
+        scalars = lp.scalar_stats(run.steps)
+        values = scalars.to_dict()
+        summary = {"source": "logged scalars", **values}
+        column = run.steps.get(lp.SCALAR_ABS_DIFF)
+        growth = (pd.Series(column.to_numpy(float), index=run.steps["rollout_id"])
+                  if column is not None else pd.Series(dtype=float))
+        samples = growth.dropna().to_numpy(float)
+        abs_diffs, buckets = None, None
+    for verdict in lp.judge(values, limits):
+        shown = "not measured" if math.isnan(verdict.value) else f"{verdict.value:.4g}"
+        checks.append(Check(
+            id=f"{run.name}:{verdict.check}", ok=verdict.ok, value=verdict.value,
+            threshold=verdict.limit, key=f"stages.logprob_diff.thresholds.{verdict.check}",
+            message=f"{verdict.check} = {shown} ({'within' if verdict.ok else 'above'} "
+            f"{verdict.limit:g}, {verdict.source})",
+        ))
+    checks.append(growth_check(run.name, growth))
+    return VariantVerdict(run.name, summary, checks, samples, abs_diffs, buckets)
+
+
+def compare(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any]:
+    """Shift of per-sample mean |d| (variant - reference): Welch 95 % interval and
+    Mann-Whitney p-value. Clear when the interval excludes 0."""
+    a, b = variant.per_sample_abs_diff, reference.per_sample_abs_diff
+    out: dict[str, Any] = {"variant": variant.name, "reference": reference.name,
+                           "samples": [int(len(a)), int(len(b))]}
+    if len(a) < 2 or len(b) < 2:
+        return {**out, "shift": math.nan, "clear": False,
+                "message": "too few samples to compare"}
+    shift = float(a.mean() - b.mean())
+    if np.ptp(np.concatenate([a, b])) == 0:
+        return {**out, "shift": shift, "low": shift, "high": shift, "p_value": 1.0,
+                "clear": shift != 0}
+    with warnings.catch_warnings():
+        # Nearly equal per-rollout scalars trip scipy's precision warning; the interval is
+        # still right (and tiny).
+        warnings.simplefilter("ignore", RuntimeWarning)
+        welch = stats.ttest_ind(a, b, equal_var=False)
+        ci = welch.confidence_interval(0.95)
+        p_value = float(stats.mannwhitneyu(a, b).pvalue)
+    low, high = float(ci.low), float(ci.high)
+    return {**out, "shift": shift, "low": low, "high": high, "p_value": p_value,
+            "relative": shift / b.mean() if b.mean() else math.inf,
+            "clear": bool(low > 0 or high < 0)}
+
+
+def judge_all(runs: list[VariantRun], reference: str | None,
+              limits: dict[str, tuple[float, str]], cutoff: float
+              ) -> tuple[Judgement, list[VariantVerdict]]:
+    failures = [f"variant {r.name}: {r.failure}" for r in runs if r.failure]
+    verdicts = [judge_variant(r, limits, cutoff) for r in runs if not r.failure]
+    checks = [c for v in verdicts for c in v.checks]
+    summary: dict[str, Any] = {"reference": reference or runs[0].name,
+                               "variants": {v.name: v.summary for v in verdicts}}
+    ref = next((v for v in verdicts if v.name == summary["reference"]), None)
+    if ref is not None:
+        pairs = [compare(v, ref) for v in verdicts if v is not ref]
+        summary["pairwise"] = pairs
+        for pair in pairs:
+            if "low" in pair:
+                sign = "higher" if pair["shift"] > 0 else "lower"
+                text = (f"mean |d| {sign} than {pair['reference']} by {abs(pair['shift']):.4g} "
+                        f"(95 % interval [{pair['low']:.4g}, {pair['high']:.4g}]"
+                        + (f", Mann-Whitney p = {pair['p_value']:.2g}" if "p_value" in pair else "")
+                        + ")" + ("" if pair["clear"] else ": not a clear difference"))
+            else:
+                text = pair["message"]
+            checks.append(Check(id=f"{pair['variant']}:vs_{pair['reference']}", ok=True,
+                                severity="info", value=pair.get("shift"), message=text))
+    if failures:
+        return Judgement(checks=checks, summary=summary, error="; ".join(failures)), verdicts
+    failed = sorted({c.id.split(":")[0] for c in checks if not c.ok and c.severity == "error"})
+    message = f"failing variant(s): {', '.join(failed)}" if failed else ""
+    return Judgement(checks=checks, summary=summary, message=message), verdicts
+
+
+# --- outputs --------------------------------------------------------------------------
+
+
+def write_outputs(request: StageRequest, runs: list[VariantRun],
+                  verdicts: list[VariantVerdict], cutoff: float) -> tuple[pd.DataFrame, dict[str, str]]:
+    """The combined log (unless judging it in place), token table and plots; returns the
+    combined step table and the artifacts."""
+    log_path = request.artifact(".log")
+    if request.from_log is None or request.from_log.resolve() != log_path.resolve():
+        text = "\n".join(line for r in runs for line in [marker(r.name), *r.log_lines]) + "\n"
+        tmp = log_path.with_name(f".{log_path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, log_path)
+    steps = pd.concat([r.steps.assign(variant=r.name) for r in runs], ignore_index=True)
+    artifacts: dict[str, str] = {}
+    token_tables = [r.tokens.assign(variant=r.name) for r in runs if r.tokens is not None]
+    if token_tables:
+        artifacts["tokens"] = str(write_steps(pd.concat(token_tables, ignore_index=True),
+                                              request.artifact(".tokens.parquet")))
+    with_tokens = [v for v in verdicts if v.abs_diffs is not None]
+    if with_tokens:
+        from recipeval.analysis.plots import abs_diff_by_position, abs_diff_histogram
+
+        artifacts["histogram"] = str(abs_diff_histogram(
+            {v.name: v.abs_diffs for v in with_tokens}, request.artifact(".hist.png"), cutoff))
+        artifacts["by_position"] = str(abs_diff_by_position(
+            {v.name: v.buckets for v in with_tokens}, request.artifact(".position.png")))
+    return steps, artifacts
+
+
+def run_logprob_diff(request: StageRequest) -> StageResult:
+    """Bad input (recipe, usage) raises before anything is written."""
+    if request.stage != STAGE:
+        raise ValueError(f"run_logprob_diff got a {request.stage} request")
+    limits, cutoff = thresholds(request)
+    names, reference = variant_names(request)
+    blocked = gate_block(request)
+    if blocked is not None:
+        return skipped(request, *blocked)
+    started = now_iso()
+    clock = time.monotonic()
+    request.out.mkdir(parents=True, exist_ok=True)
+    if request.from_log is not None:
+        runs = from_log(request, names)
+    else:
+        runs = [run_variant(request, name) for name in names]
+    judgement, verdicts = judge_all(runs, reference, limits, cutoff)
+    steps, artifacts = write_outputs(request, runs, verdicts, cutoff)
+    judgement.summary = {"runner": "from-log" if request.from_log else request.runner or "default",
+                         "stage_wall_s": round(time.monotonic() - clock, 3), **judgement.summary}
+    return finish(request, judgement, started, steps, artifacts)
+
+
+__all__ = ["STAGE", "compare", "judge_all", "judge_variant", "run_logprob_diff", "split_log"]

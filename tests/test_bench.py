@@ -1,0 +1,139 @@
+"""The bench stage: judged from logs with a known steady state, and a live run that the
+stopping rule stops through the runner."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from recipeval.recipe import load_recipe
+from recipeval.stages.bench import BenchWatcher, judge, stopping_rule
+from recipeval.stages.common import StageRequest, execute, resolve_and_render
+from runner_jobs import python_launch
+
+from conftest import TINY_RECIPE
+
+ROLLOUT, TRAIN = 150.0, 182.0
+
+
+def bench_recipe(tmp_path: Path, expect: dict | None = None, **bench: object) -> Path:
+    raw = yaml.safe_load(TINY_RECIPE.read_text())
+    raw["stages"]["bench"].update(bench)
+    if expect is not None:
+        raw["expect"] = {"bench": expect}
+    path = tmp_path / "bench-recipe.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def miles_log(path: Path, n: int, warmup: int = 2, noise: float = 0.01, seed: int = 0) -> Path:
+    """A miles-format log: rollout and train times around ROLLOUT and TRAIN with `warmup`
+    slow first steps; the cycle is their sum plus 10 s."""
+    rng = np.random.default_rng(seed)
+    t = datetime(2026, 8, 5, 10, 0, 0)
+    lines = []
+    for i in range(n):
+        slow = 3.0 if i < warmup else 1.0
+        r = ROLLOUT * slow * (1 + noise * rng.standard_normal())
+        a = TRAIN * slow * (1 + noise * rng.standard_normal())
+        stamp = lambda dt: (t + timedelta(seconds=dt)).strftime("%Y-%m-%d %H:%M:%S.000")  # noqa: E731
+        lines.append(f"[{stamp(0)} RolloutManager] rollout.py:1 - perf {i}: "
+                     f"{{'perf/rollout_time': {r:.3f}, 'perf/tokens_per_gpu_per_sec': {8192 / r:.3f}}}")
+        lines.append(f"[{stamp(r + a)} TrainRayActor] actor.py:1 - perf {i}: "
+                     f"{{'perf/actor_train_time': {a:.3f}, 'perf/step_time': {a:.3f}}}")
+        t += timedelta(seconds=r + a + 10)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run(cli, recipe: Path, out: Path, log: Path, *extra: str):
+    proc = cli("bench", str(recipe), "--out", str(out), "--from-log", str(log), *extra)
+    result = json.loads((out / "bench.json").read_text()) if (out / "bench.json").exists() else None
+    return proc, result
+
+
+def test_from_log_finds_the_steady_state_and_meets_expect(cli, tmp_path):
+    recipe = bench_recipe(tmp_path, expect={"rollout_time": 150, "actor_train_time": 182,
+                                             "cycle_time": 342}, rel_ci=0.03, max_steps=40)
+    proc, result = run(cli, recipe, tmp_path / "out", miles_log(tmp_path / "b.log", 20))
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert result["status"] == "pass", result["message"]
+    metrics = result["summary"]["metrics"]
+    assert abs(metrics["perf/rollout_time"]["estimate"] / ROLLOUT - 1) < 0.01
+    assert abs(metrics["perf/actor_train_time"]["estimate"] / TRAIN - 1) < 0.01
+    assert abs(metrics["cycle_time"]["estimate"] / (ROLLOUT + TRAIN + 10) - 1) < 0.01
+    assert metrics["perf/rollout_time"]["warmup"] == 2
+    assert metrics["perf/rollout_time"]["low"] <= ROLLOUT <= metrics["perf/rollout_time"]["high"]
+    assert result["summary"]["stop"] == "judged from a log"
+    assert "tokens_per_gpu_per_sec" in result["summary"]
+    ids = {c["id"] for c in result["checks"]}
+    assert {"precision:perf/rollout_time", "expect:perf/rollout_time", "expect:cycle_time"} <= ids
+    assert Path(result["artifacts"]["plot"]).stat().st_size > 10_000
+    assert (tmp_path / "out" / "bench.steps.parquet").exists()
+
+
+def test_slower_than_expected_fails_faster_is_flagged(cli, tmp_path):
+    log = miles_log(tmp_path / "b.log", 20)
+    slow = bench_recipe(tmp_path, expect={"rollout_time": 120})
+    proc, result = run(cli, slow, tmp_path / "slow", log)
+    assert proc.returncode == 1 and result["status"] == "fail"
+    assert "worse than expected" in result["message"]
+    fast = bench_recipe(tmp_path, expect={"perf/actor_train_time": 250})
+    proc, result = run(cli, fast, tmp_path / "fast", log)
+    assert result["status"] == "pass"
+    flagged = [c for c in result["checks"] if not c["ok"]]
+    assert [c["id"] for c in flagged] == ["expect:perf/actor_train_time"]
+    assert flagged[0]["severity"] == "warning" and "better than expected" in flagged[0]["message"]
+
+
+def test_too_noisy_fails_or_warns_as_configured(cli, tmp_path):
+    log = miles_log(tmp_path / "b.log", 12, noise=0.15)
+    proc, result = run(cli, bench_recipe(tmp_path, on_max_steps="fail"), tmp_path / "f", log)
+    assert proc.returncode == 1 and "not precise enough" in result["message"]
+    proc, result = run(cli, bench_recipe(tmp_path, on_max_steps="warn"), tmp_path / "w", log,
+                       "--exit-zero")
+    assert proc.returncode == 0 and result["status"] == "pass"
+    assert any(c["id"].startswith("precision:") and not c["ok"] for c in result["checks"])
+
+
+def test_unlogged_metric_is_an_error_naming_it(cli, tmp_path):
+    recipe = bench_recipe(tmp_path, metrics=["perf/rollout_time", "perf/no_such_time"])
+    proc, result = run(cli, recipe, tmp_path / "out", miles_log(tmp_path / "b.log", 10))
+    assert proc.returncode == 3 and result["status"] == "error"
+    assert "perf/no_such_time" in result["message"]
+
+
+STEADY_PROGRAM = """
+import random, sys, time
+random.seed(1)
+t0 = 1_785_000_000.0
+for i in range(400):
+    slow = 3.0 if i < 2 else 1.0
+    r, a = 150 * slow * random.gauss(1, 0.005), 182 * slow * random.gauss(1, 0.005)
+    stamp = time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t0)) + '.000'
+    print(f"[{stamp} x] rollout.py:1 - perf {i}: {{'perf/rollout_time': {r}}}", flush=True)
+    print(f"[{stamp} x] actor.py:1 - perf {i}: {{'perf/actor_train_time': {a}}}", flush=True)
+    t0 += r + a + 10
+    time.sleep(0.05)
+"""
+
+
+def test_live_run_is_stopped_by_the_stopping_rule(tmp_path):
+    recipe = load_recipe(bench_recipe(tmp_path, rel_ci=0.02, min_steps=5, max_steps=300))
+    request = StageRequest(stage="bench", loaded=recipe, out=tmp_path, runner="local", timeout=60)
+    resolved, _ = resolve_and_render(request)
+    options = recipe.recipe.stages.bench
+    watcher = BenchWatcher(list(options.metrics), stopping_rule(options))
+    outcome = execute(request, resolved, python_launch(STEADY_PROGRAM), request.artifact(".log"),
+                      watcher)
+    assert outcome.run.stopped and outcome.failure is None
+    assert 2 + 5 <= len(outcome.steps) < 30
+    judgement, estimates = judge(outcome, options, {}, watcher)
+    assert judgement.error is None and all(c.ok for c in judgement.checks)
+    assert judgement.summary["stop"] == "precise"
+    assert estimates["perf/rollout_time"].interval.covers(150.0)
+    assert watcher.calls >= 2 * 7  # called after every metric line
