@@ -93,6 +93,19 @@ def test_timeout(shared_head):
     assert result.timed_out and result.exit_code is None and "timed out after 3 s" in result.detail
 
 
+def test_cluster_wait_names_the_missing_nodes(shared_head):
+    from recipeval.runners.base import RunnerError
+    from recipeval.runners.slurm import wait_for_nodes
+
+    from ray.util.state import list_nodes
+
+    _, runner = shared_head
+    [head] = list_nodes(address=runner.address)
+    wait_for_nodes(runner.address, [head.node_name], gpus=0, timeout=30)
+    with pytest.raises(RunnerError, match=r"missing nodes gpu-node-07; GPUs joined 0 of 8"):
+        wait_for_nodes(runner.address, [head.node_name, "gpu-node-07"], gpus=8, timeout=2)
+
+
 def test_ray_down_stops_only_our_head(shared_head, tmp_path):
     state_dir, _ = shared_head
     state = ray_head.read_state(state_dir)

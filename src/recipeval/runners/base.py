@@ -56,6 +56,10 @@ class Runner(ABC):
         stop: threading.Event | None = None,
     ) -> RunResult: ...
 
+    def describe(self) -> dict[str, object]:
+        """Where jobs run, for the stage summary (e.g. Ray address, nodes, GPUs)."""
+        return {"runner": self.name}
+
     def close(self) -> None:
         """Release what the runner started for itself (e.g. a private Ray head)."""
 

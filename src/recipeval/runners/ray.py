@@ -54,6 +54,15 @@ class RayRunner(Runner):
         self._private_head = ray_head.start_head(private_dir)
         return self._private_head.dashboard
 
+    def describe(self) -> dict[str, object]:
+        if self._private_head is not None:
+            head = "private"
+        elif os.environ.get("RAY_ADDRESS") and self.address == os.environ["RAY_ADDRESS"]:
+            head = "external"
+        else:
+            head = "shared"
+        return {"runner": self.name, "address": self.address, "head": head}
+
     def close(self) -> None:
         if self._private_head is not None:
             ray_head.stop_head(self._private_head)

@@ -103,6 +103,15 @@ class SlurmRunner(RayRunner):
             log.close()
         wait_for_nodes(self._head.dashboard, self.nodes, self.gpus * len(self.nodes), join_timeout)
 
+    def describe(self) -> dict[str, object]:
+        return {
+            "runner": self.name,
+            "address": self.address,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus,
+            "ray_temp_dir": self._head.temp_dir if self._head else None,
+        }
+
     def close(self) -> None:
         for worker in self.workers:
             if worker.poll() is None:

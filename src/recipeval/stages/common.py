@@ -77,6 +77,7 @@ class RunOutcome:
     tail: list[str]
     runner: str | None
     failure: str | None = None  # the runner or a callback broke: the stage could not judge
+    runner_info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def steps(self) -> pd.DataFrame:
@@ -177,8 +178,10 @@ def execute(
     timeout = request.timeout or (resolved.options.timeout if resolved.options else None)
     run: RunResult | None = None
     failure = None
+    info: dict[str, Any] = {}
     try:
         with make_runner(runner_name, launch) as runner:
+            info = runner.describe()
             run = runner.run(launch, sink, timeout=timeout, stop=stop)
     except RunnerError as err:
         failure = f"runner {runner_name}: {err}"
@@ -188,7 +191,7 @@ def execute(
         sink.close()
     failure = failure or sink.callback_error
     return RunOutcome(resolved, launch, run, sink.parsed(), log_path, list(sink.tail),
-                      runner_name, failure)
+                      runner_name, failure, info)
 
 
 def _from_log(request: StageRequest, resolved: Resolved, launch: Launch, log_path: Path,
@@ -295,6 +298,7 @@ def run_summary(outcome: RunOutcome, stage_wall_s: float) -> dict[str, Any]:
     run = outcome.run
     return {
         "runner": outcome.runner or "from-log",
+        "runner_info": outcome.runner_info,
         "exit_code": run.exit_code if run else None,
         "run_wall_s": round(run.wall_s, 3) if run else None,
         "stage_wall_s": round(stage_wall_s, 3),
