@@ -3,7 +3,11 @@ trainer's packages, and the Ray cluster's size."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from recipeval.checks.subject import Subject
 from recipeval.result import Check
@@ -13,6 +17,8 @@ ENGINE_PACKAGES = {
     "miles": ("torch", "sglang", "megatron-core", "ray"),
     "reference": ("torch", "transformers"),
 }
+# envs/trainer-<platform>.yaml: the trainer environment a GPU recipe expects on its nodes.
+TRAINER_ENVS = Path(__file__).resolve().parents[3] / "envs"
 
 
 def _devices(found: dict[str, Any]) -> list[dict[str, Any]]:
@@ -61,6 +67,7 @@ def live_checks(subject: Subject, found: dict[str, Any]) -> list[Check]:
                 f"recipe needs {r.cluster.gpus_per_node} GPUs per node; this machine has {len(devices)}",
                 key="cluster.gpus_per_node", value=len(devices), threshold=r.cluster.gpus_per_node,
             ))
+            checks.extend(_trainer_env_checks(subject, found))
             names = sorted({d.get("name") or "?" for d in devices})
             if r.cluster.gpu:
                 ok = all(_norm(r.cluster.gpu) in _norm(n) for n in names)
@@ -107,3 +114,34 @@ def _ray_check(subject: Subject, ray: dict[str, Any] | None) -> Check:
         f"the recipe needs {world}",
         key="cluster.nodes", value=gpus, threshold=world,
     )
+
+
+def _trainer_env_checks(subject: Subject, found: dict[str, Any]) -> list[Check]:
+    """Versions found vs envs/trainer-<platform>.yaml (a null version is reported, not compared).
+    Warnings: a different stack still runs, but its numbers are not the recipe's."""
+    path = TRAINER_ENVS / f"trainer-{subject.recipe.platform}.yaml"
+    if not path.is_file():
+        return []
+    expected = yaml.safe_load(path.read_text()) or {}
+    versions = found.get("packages") or {}
+    torch_info = found.get("torch") or {}
+    differ = []
+    for name, spec in (expected.get("packages") or {}).items():
+        if spec is None:
+            continue
+        have = versions.get(name)
+        try:
+            fits = have is not None and SpecifierSet(str(spec)).contains(have.split("+")[0], prereleases=True)
+        except InvalidSpecifier:
+            continue
+        if not fits:
+            differ.append(f"{name} {have or 'missing'} (expected {spec})")
+    runtime = {"rocm": torch_info.get("hip"), "cuda": torch_info.get("cuda")}.get(subject.recipe.platform)
+    want = expected.get(subject.recipe.platform)
+    if want and not (runtime or "").startswith(str(want)):
+        differ.append(f"{subject.recipe.platform} {runtime or 'unknown'} (expected {want})")
+    return [subject.check(
+        "probe.trainer-env", not differ,
+        f"versions vs {path.name}: " + ("; ".join(differ) if differ else "as expected"),
+        key="platform", severity="warning", value=differ or None,
+    )]

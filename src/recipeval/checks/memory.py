@@ -92,13 +92,25 @@ def train_state(subject: Subject) -> TrainState | None:
         f"weights {param_b} B, gradients {grad_b} B, {optimizer} state {opt_b} B per parameter",
     ]
     if subject.flag_on("optimizer-cpu-offload"):
-        fraction = float(subject.arg("optimizer-offload-fraction", 1.0))
+        fraction = _fraction(subject.arg("optimizer-offload-fraction", 1.0))
+        fraction = 1.0 if fraction is None else min(max(fraction, 0.0), 1.0)
         on_gpu = 1.0 - fraction
         notes.append(f"optimizer offload fraction {fraction:g}: {on_gpu:g} of the optimizer state on GPU")
     if subject.flag_on("use-distributed-optimizer"):
         notes.append("distributed optimizer state not divided by DP (upper bound)")
     notes.append("activations not counted")
     return TrainState(per_gpu, per_gpu * param_b, per_gpu * grad_b, per_gpu * opt_b * on_gpu, notes)
+
+
+def _fraction(value: object) -> float | None:
+    """The static fraction as a number; None when unset or not a number (SGLang's parser
+    reports that value as sglang.bad-value)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _train_resident_during_rollout(subject: Subject) -> bool:
@@ -123,8 +135,8 @@ def memory_checks(subject: Subject) -> list[Check]:
                             severity="info", value=total_gb)]
     state = train_state(subject)
     fraction_flag = "sglang-mem-fraction-static"
-    fraction = subject.arg(fraction_flag)
-    rollout_gb = float(fraction) * total_gb if fraction is not None else None
+    fraction = _fraction(subject.arg(fraction_flag))
+    rollout_gb = fraction * total_gb if fraction is not None else None
     if state is None:
         checks.append(subject.check("memory.train-state", False,
                                     "model.parameters not set: training memory not budgeted",
@@ -137,7 +149,7 @@ def memory_checks(subject: Subject) -> list[Check]:
              f"gradients {state.grad_bytes / GB:.1f}, optimizer {state.optimizer_bytes / GB:.1f})")
     if resident:
         parts += (f" stays on the GPU during rollout (colocate, no-offload-train) next to SGLang's "
-                  f"static {fraction} x {total_gb:g} = {rollout_gb:.1f} GB")
+                  f"static {fraction:g} x {total_gb:g} = {rollout_gb:.1f} GB")
     message = f"{parts}: {need_gb:.1f} of {total_gb:g} GB. Assumes: {'; '.join(state.assumptions)}"
     key = subject.arg_key(fraction_flag) if resident else "parallel"
     ok, severity = need_gb <= total_gb * NEAR_FULL, "error" if need_gb > total_gb else "warning"
