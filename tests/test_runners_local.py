@@ -9,9 +9,6 @@ import threading
 
 import psutil
 import pytest
-
-from recipeval.runners.local import LocalRunner
-from recipeval.runners.ray import entrypoint_command
 from runner_jobs import (
     BRIEF_HOSTILE,
     CRASH,
@@ -21,6 +18,9 @@ from runner_jobs import (
     WAIT_FOR_STOP,
     python_launch,
 )
+
+from recipeval.runners.local import LocalRunner
+from recipeval.runners.ray import entrypoint_command
 
 
 def test_streams_lines_passes_env_and_quotes_nothing_through_a_shell(tmp_path):
@@ -80,7 +80,7 @@ def test_timeout_kills_the_whole_tree_including_escaped_and_sigterm_deaf_childre
     result = LocalRunner(grace=1.0).run(python_launch(HANG_WITH_CHILDREN), on_line, timeout=4)
     assert result.timed_out and result.exit_code is None
     assert "timed out after 4 s" in result.detail
-    leader, child, escaped, deaf = before["job"]
+    leader, child, _escaped, deaf = before["job"]
     # the listing taken while it ran: the leader's tree (the escaped one left the session)
     assert {leader, child, deaf} <= set(before["tree"])
     assert _alive(before["job"] + before["tree"]) == []

@@ -14,9 +14,10 @@ import pytest
 
 pytest.importorskip("ray", reason="ray[default] is not installed")
 
-from recipeval.runners import ray_head  # noqa: E402
-from recipeval.runners.ray import RayRunner  # noqa: E402
-from runner_jobs import CRASH, ECHO_ARGV, HOSTILE_WORDS, WAIT_FOR_STOP, python_launch  # noqa: E402
+from runner_jobs import CRASH, ECHO_ARGV, HOSTILE_WORDS, WAIT_FOR_STOP, python_launch
+
+from recipeval.runners import ray_head
+from recipeval.runners.ray import RayRunner
 
 pytestmark = pytest.mark.slow
 
@@ -94,10 +95,10 @@ def test_timeout(shared_head):
 
 
 def test_cluster_wait_names_the_missing_nodes(shared_head):
+    from ray.util.state import list_nodes
+
     from recipeval.runners.base import RunnerError
     from recipeval.runners.slurm import wait_for_nodes
-
-    from ray.util.state import list_nodes
 
     _, runner = shared_head
     [head] = list_nodes(address=runner.address)

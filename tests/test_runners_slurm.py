@@ -31,16 +31,15 @@ def test_outside_an_allocation_the_error_says_what_to_do():
 
 # --- for real: sbatch on the single-node test Slurm --------------------------------------
 
-import json  # noqa: E402
-import shlex  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
 
-import psutil  # noqa: E402
-
-from conftest import TINY_RECIPE  # noqa: E402
-from slurm_cluster import job_processes, slurm_cluster  # noqa: E402,F401
+import psutil
+from conftest import TINY_RECIPE
+from slurm_cluster import job_processes, slurm_cluster  # noqa: F401
 
 RECIPEVAL = str(Path(sys.executable).parent / "recipeval")
 GPUS = 2

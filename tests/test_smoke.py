@@ -13,14 +13,13 @@ import pandas as pd
 import psutil
 import pytest
 import yaml
+from conftest import TINY_RECIPE
+from runner_jobs import miles_like_program, python_launch
 
 from recipeval.recipe import load_recipe
 from recipeval.result import read_result
 from recipeval.stages.common import StageRequest, execute, finish, resolve_and_render
 from recipeval.stages.smoke import judge
-from runner_jobs import miles_like_program, python_launch
-
-from conftest import TINY_RECIPE
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 

@@ -45,4 +45,4 @@ def make_runner(name: str | None, launch: Launch) -> Runner:
     raise RunnerError(f"unknown runner {name!r}; choose one of: {', '.join(RUNNERS)}")
 
 
-__all__ = ["RUNNERS", "Runner", "RunResult", "RunnerError", "default_runner_name", "make_runner"]
+__all__ = ["RUNNERS", "RunResult", "Runner", "RunnerError", "default_runner_name", "make_runner"]

@@ -8,6 +8,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Self
 
 from recipeval.engines.launch import Launch
 
@@ -63,7 +64,7 @@ class Runner(ABC):
     def close(self) -> None:
         """Release what the runner started for itself (e.g. a private Ray head)."""
 
-    def __enter__(self) -> Runner:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

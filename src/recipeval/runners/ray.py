@@ -79,7 +79,7 @@ class RayRunner(Runner):
 
         try:
             client = JobSubmissionClient(self.address)
-        except Exception as err:  # noqa: BLE001 - connection errors come in many types
+        except Exception as err:
             raise RunnerError(f"cannot reach the Ray dashboard at {self.address}: {err}") from err
         started = time.time()
         job_id = _submit(
@@ -123,7 +123,7 @@ class RayRunner(Runner):
             detail=detail,
         )
 
-    def _stop(self, client, job_id: str) -> str:  # noqa: ANN001 - ray type imported lazily
+    def _stop(self, client, job_id: str) -> str:
         client.stop_job(job_id)  # SIGTERM to the entrypoint, SIGKILL after Ray's own wait
         end = time.monotonic() + self.grace + 10
         status = str(client.get_job_status(job_id))
@@ -133,7 +133,7 @@ class RayRunner(Runner):
         return status
 
 
-def _submit(client, **job: object) -> str:  # noqa: ANN001
+def _submit(client, **job: object) -> str:
     """Submit; a fresh head answers before its job agent is up, so retry that case a while."""
     end = time.monotonic() + AGENT_WAIT_S
     while True:
@@ -149,7 +149,7 @@ def _name(status: object) -> str:
     return str(getattr(status, "value", status)).rsplit(".", 1)[-1]
 
 
-def _tail(client, job_id: str, lines: LineBuffer) -> None:  # noqa: ANN001
+def _tail(client, job_id: str, lines: LineBuffer) -> None:
     async def follow() -> None:
         async for chunk in client.tail_job_logs(job_id):
             lines.feed(chunk)
@@ -160,7 +160,7 @@ def _tail(client, job_id: str, lines: LineBuffer) -> None:  # noqa: ANN001
         return
 
 
-def _catch_up(client, job_id: str, lines: LineBuffer) -> None:  # noqa: ANN001
+def _catch_up(client, job_id: str, lines: LineBuffer) -> None:
     """After the job ended, take whatever the live tail missed (including a last line without
     newline) from the stored job log; fall back to what the tail buffered."""
     try:

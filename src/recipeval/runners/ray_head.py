@@ -121,9 +121,9 @@ def start_head(
     end = time.monotonic() + START_TIMEOUT_S
     while not dashboard_ready(state.dashboard):
         if proc.poll() is not None or time.monotonic() > end:
-            stop_head(state)
             tail = "\n".join(Path(log).read_text(errors="replace").splitlines()[-15:])
-            raise RunnerError(f"the Ray head did not come up (log {log}):\n{tail}")
+            stop_head(state)
+            raise RunnerError(f"the Ray head did not come up; its last output:\n{tail}")
         time.sleep(0.5)
     return state
 
@@ -151,6 +151,7 @@ def stop_head(state: HeadState, grace: float = 15.0) -> None:
         pass
     psutil.wait_procs(leftovers, timeout=5)
     shutil.rmtree(state.temp_dir, ignore_errors=True)
+    Path(state.log).unlink(missing_ok=True)
 
 
 def _names(proc: psutil.Process, temp_dir: str) -> bool:

@@ -314,9 +314,7 @@ def run_failure(outcome: RunOutcome) -> str | None:
     run = outcome.run
     if outcome.failure:
         why = outcome.failure
-    elif run is None:
-        return None
-    elif run.stopped:
+    elif run is None or run.stopped:
         return None
     elif run.timed_out:
         why = f"the run {run.detail}"

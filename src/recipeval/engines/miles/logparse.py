@@ -71,12 +71,10 @@ def parse_metric_dict(body: str) -> dict[str, float]:
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as err:
         raise ValueError(f"not a metric dict: {err}") from None
     if not isinstance(value, dict):
-        raise ValueError("not a dict")
+        raise ValueError("not a dict")  # noqa: TRY004 - callers catch ValueError for any bad line
     out: dict[str, float] = {}
     for key, item in value.items():
-        if isinstance(item, bool):
-            out[str(key)] = float(item)
-        elif isinstance(item, int | float):
+        if isinstance(item, bool | int | float):
             out[str(key)] = float(item)
     return out
 
