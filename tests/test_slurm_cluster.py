@@ -1,0 +1,162 @@
+"""The single-node test Slurm (scripts/slurm) and the CI profile (profiles/ci-slurm), for real."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from slurm_cluster import (  # noqa: F401  (slurm_cluster is the fixture)
+    SlurmCluster,
+    processes_of,
+    require_slurm_machine,
+    run_two_rule_workflow,
+    slurm_cluster,
+    start_cluster,
+    stop_cluster,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def _free_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
+def _env_values(text: str, name: str) -> str:
+    """The value of `name=...` in a job's output; fails the test when missing."""
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key == name:
+            return value
+    raise AssertionError(f"{name} not in job output:\n{text}")
+
+
+def test_gpu_batch_job_gets_its_gpus_and_output_comes_back(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    submitted = time.monotonic()
+    job_id = slurm_cluster.sbatch(
+        f"--gres=gpu:{slurm_cluster.gpu_type}:2",
+        f"--output={tmp_path}/%j.out",
+        "--wrap",
+        "echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES; echo SLURM_JOB_GPUS=$SLURM_JOB_GPUS; "
+        "echo HOST=$(hostname -s)",
+    )
+    times = slurm_cluster.wait_job(job_id, submitted)
+    print(f"slurm job {job_id}: {times.state}, seen running after {times.seen_running_s}s, "
+          f"finished after {times.seen_finished_s:.2f}s (submit -> end)")
+
+    assert times.state == "COMPLETED"
+    output = (tmp_path / f"{job_id}.out").read_text()
+    assert len(_env_values(output, "CUDA_VISIBLE_DEVICES").split(",")) == 2
+    assert len(_env_values(output, "SLURM_JOB_GPUS").split(",")) == 2
+    assert _env_values(output, "HOST") == slurm_cluster.node
+    assert slurm_cluster.job_field(job_id, "TresPerNode") == f"gres:gpu:{slurm_cluster.gpu_type}:2"
+
+
+def test_srun_inside_an_allocation_runs_one_task_per_rank_with_gpus(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    job_id = slurm_cluster.sbatch(
+        "--ntasks=2",
+        f"--gres=gpu:{slurm_cluster.gpu_type}:2",
+        f"--output={tmp_path}/%j.out",
+        "--wrap",
+        'srun --ntasks=2 bash -c "echo rank=\\$SLURM_PROCID step=\\$SLURM_STEP_ID '
+        'gpus=\\$CUDA_VISIBLE_DEVICES"',
+    )
+    times = slurm_cluster.wait_job(job_id, time.monotonic())
+
+    assert times.state == "COMPLETED"
+    lines = sorted(
+        line for line in (tmp_path / f"{job_id}.out").read_text().splitlines() if line.startswith("rank=")
+    )
+    assert [line.split()[0] for line in lines] == ["rank=0", "rank=1"]
+    assert all("step=0" in line and "gpus=0,1" in line for line in lines), lines
+
+
+def test_more_gpus_than_the_node_has_is_refused(slurm_cluster: SlurmCluster) -> None:
+    result = subprocess.run(
+        ["sbatch", f"--gres=gpu:{slurm_cluster.gpu_type}:9", "--wrap", "true"],
+        env=dict(slurm_cluster.env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode != 0
+    assert "Requested node configuration is not available" in result.stderr
+
+
+def test_job_over_its_time_limit_is_killed_with_state_timeout(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # Slurm limits are whole minutes and slurmctld checks them every 30 s: 60-90 s.
+    job_id = slurm_cluster.sbatch(
+        "--time=1", f"--output={tmp_path}/%j.out", "--wrap", "echo started; sleep 600"
+    )
+    times = slurm_cluster.wait_job(job_id, time.monotonic(), timeout=180, poll_s=1)
+    print(f"slurm job {job_id}: {times.state} after {times.seen_finished_s:.0f}s (limit 60 s)")
+
+    assert times.state == "TIMEOUT"
+    assert slurm_cluster.job_field(job_id, "JobState") == "TIMEOUT"
+    assert "DUE TO TIME LIMIT" in (tmp_path / f"{job_id}.out").read_text()
+    assert slurm_cluster.job_processes(job_id) == []
+
+
+def test_snakemake_ci_profile_runs_both_rules_through_sbatch(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    run = run_two_rule_workflow(slurm_cluster, tmp_path)
+    for line in run.log.splitlines():
+        if "submitted with SLURM jobid" in line or line.startswith("Finished jobid"):
+            print(line)
+    print(f"snakemake: {len(run.slurm_job_ids)} slurm jobs {run.slurm_job_ids} in {run.wall_s:.1f}s "
+          f"({run.wall_s / max(len(run.slurm_job_ids), 1):.1f}s per job)")
+
+    assert run.returncode == 0, run.log[-3000:]
+    assert len(run.slurm_job_ids) == 2, run.log[-3000:]
+    assert [slurm_cluster.job_state(job_id) for job_id in run.slurm_job_ids] == ["COMPLETED"] * 2
+    cpu_line, gpu_line = (tmp_path / "gpu.txt").read_text().splitlines()
+    assert cpu_line == f"job={run.slurm_job_ids[0]}"
+    gpu_fields = dict(word.split("=", 1) for word in gpu_line.split())
+    assert gpu_fields["job"] == run.slurm_job_ids[1]
+    assert gpu_fields["cuda"] != "none" and len(gpu_fields["cuda"].split(",")) == 1
+    assert slurm_cluster.job_field(run.slurm_job_ids[1], "TresPerJob").endswith(
+        f"gpu:{slurm_cluster.gpu_type}:1"
+    )
+    assert slurm_cluster.job_field(run.slurm_job_ids[0], "Partition") == slurm_cluster.partition
+
+
+def test_up_and_down_are_idempotent_and_down_leaves_nothing(tmp_path: Path) -> None:
+    # A second, private cluster (own directory and ports) so the session's cluster is untouched.
+    directory = tmp_path / "cluster"
+    ports = {"RECIPEVAL_SLURM_CTLD_PORT": _free_port(), "RECIPEVAL_SLURM_SLURMD_PORT": _free_port()}
+    # The default config path stays with the session's cluster.
+    extra = {**ports, "RECIPEVAL_SLURM_DEFAULT_CONF": str(tmp_path / "default-slurm.conf")}
+    require_slurm_machine()
+    cluster = start_cluster(directory, extra)
+    try:
+        again = start_cluster(directory, extra)
+        assert again.conf == cluster.conf
+        job_id = cluster.sbatch("--output=/dev/null", "--wrap", "sleep 600")
+        deadline = time.monotonic() + 30
+        while not cluster.job_processes(job_id) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cluster.job_processes(job_id), "the job's sleep should be running before down"
+        assert processes_of(directory)
+    finally:
+        stop_cluster(cluster)
+    stop_cluster(cluster)
+
+    assert processes_of(directory) == []
+    assert cluster.job_processes(job_id) == []
+    leftovers = subprocess.run(
+        ["pgrep", "-a", "-f", str(directory)], capture_output=True, text=True
+    ).stdout
+    assert leftovers == ""
+    assert not (tmp_path / "default-slurm.conf").exists()
