@@ -1,0 +1,81 @@
+"""`recipeval env-check` as users and Snakemake run it: exit codes, one-line errors on bad input,
+result files. Uses the CPU recipe and a broken variant of it (no megatron/SGLang import), and
+one multi-recipe call that includes the PR's recipe."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import REPO, TINY_RECIPE, run_cli
+
+from recipeval.result import read_result
+
+BROKEN = REPO / "tests" / "recipes" / "broken"
+PR_RECIPE = REPO / "recipes" / "amd" / "deepseek-v4-flash-4node-mi355x.yaml"
+TINY_BROKEN = BROKEN / "tiny-sequence-parallel-without-tp.yaml"
+
+
+def _one_line_error(proc) -> str:
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_static_pass_writes_stage_result(tmp_path):
+    proc = run_cli("env-check", "--static", str(TINY_RECIPE), "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = read_result(tmp_path / "env_check.json")
+    assert result.status == "pass" and result.stage == "env_check" and result.summary["static"]
+    assert result.provenance.recipe_sha256 and (tmp_path / "env_check.log").is_file()
+
+
+def test_live_probe_passes_cpu_recipe(tmp_path):
+    out = tmp_path / "tiny.json"
+    proc = run_cli("env-check", "--recipe", str(TINY_RECIPE), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = read_result(out)
+    assert {"probe.platform", "probe.packages", "probe.ray"} <= {c.id for c in result.checks}
+    assert result.summary["probe"]["platform"] == "cpu"
+
+
+def test_error_check_exits_1_and_exit_zero_exits_0(tmp_path):
+    proc = run_cli("env-check", "--static", str(TINY_BROKEN))
+    assert proc.returncode == 1
+    assert "layout.sequence-parallel" in proc.stdout and "tiny-sequence-parallel-without-tp.yaml:4" in proc.stdout
+    proc = run_cli("env-check", "--static", str(TINY_BROKEN), "--out", str(tmp_path / "r.json"), "--exit-zero")
+    assert proc.returncode == 0
+    assert read_result(tmp_path / "r.json").status == "fail"
+
+
+def test_several_recipes_one_call(tmp_path):
+    """The PR's recipe passes --static; results land in DIR/<recipe>/env_check.json."""
+    proc = run_cli("env-check", "--static", str(PR_RECIPE), str(TINY_BROKEN), "--out", str(tmp_path),
+                   timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    pr = read_result(tmp_path / "deepseek-v4-flash-4node-mi355x" / "env_check.json")
+    assert pr.status == "pass" and pr.summary["errors"] == 0
+    assert read_result(tmp_path / "tiny-sequence-parallel-without-tp" / "env_check.json").status == "fail"
+
+
+def test_probe_only_prints_json():
+    proc = run_cli("env-check", "--probe-only")
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found["platform"] == "cpu" and found["packages"]["torch"]
+
+
+def test_bad_inputs_exit_2_with_one_line(tmp_path):
+    cases = [
+        (["env-check", "--static", str(tmp_path / "missing.yaml")], "missing.yaml"),
+        (["env-check", "--static", str(REPO / "tests/recipes/bad/unknown-key.yaml")], "unknown-key.yaml:"),
+        (["env-check", "--static", "--stage", "warmup", str(TINY_RECIPE)], "--stage 'warmup'"),
+        (["env-check", "--static"], "name at least one recipe"),
+        (["env-check", "--probe-only", str(TINY_RECIPE)], "--probe-only takes no recipe"),
+        (["env-check", "--static", str(TINY_RECIPE), str(TINY_BROKEN), "--out", str(tmp_path / "x.json")],
+         "give a folder"),
+    ]
+    for args, needle in cases:
+        proc = run_cli(*args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert needle in _one_line_error(proc), (args, proc.stderr)
