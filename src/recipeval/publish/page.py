@@ -85,7 +85,7 @@ def _plots_html(records: list[RunRecord], verdicts: dict[str, RecipeVerdict], fr
 
 def render_page(
     records: list[RunRecord], verdicts: dict[str, RecipeVerdict], table: pd.DataFrame,
-    history_frame: pd.DataFrame, generated: str,
+    history_frame: pd.DataFrame, generated: str, with_plots: bool = True,
 ) -> str:
     statuses = [v.status for v in verdicts.values()]
     bad = sum(s in ("failed", "regressed") for s in statuses)
@@ -105,6 +105,6 @@ def render_page(
 <h2>What changed</h2>
 {changed}
 <h2>Plots</h2>
-{_plots_html(records, verdicts, history_frame)}
+{_plots_html(records, verdicts, history_frame) if with_plots else "<p>Plots left out (--no-plots).</p>"}
 </body></html>
 """

@@ -17,7 +17,7 @@ from recipeval.publish.compare import RecipeVerdict  # noqa: E402
 
 def _png(fig: plt.Figure) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return buf.getvalue()
 
@@ -26,7 +26,7 @@ def history_plot(frame: pd.DataFrame, recipe: str, metric: str, verdict: RecipeV
     """One metric of one recipe over its runs: value with interval, the last stable level, and
     the newest run marked by its verdict."""
     rows = frame[(frame["recipe"] == recipe) & (frame["metric"] == metric)].sort_values("date")
-    fig, ax = plt.subplots(figsize=(5.2, 2.6))
+    fig, ax = plt.subplots(figsize=(5.2, 2.6), layout="constrained")
     ok = rows[rows["stage_status"] == "pass"]
     bad = rows[rows["stage_status"] != "pass"]
     x = ok["date"]
@@ -56,7 +56,7 @@ def stage_time_plot(bars: dict[str, dict[str, tuple[float, float | None, float |
     """Latest steady-state times per recipe (estimate with interval), one group per recipe."""
     recipes = list(bars)
     metrics = sorted({m for per in bars.values() for m in per})
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(recipes) + 2), 2.8))
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(recipes) + 2), 2.8), layout="constrained")
     width = 0.8 / max(len(metrics), 1)
     for i, metric in enumerate(metrics):
         xs, ys, errs = [], [], [[], []]

@@ -78,7 +78,9 @@ def verdict_document(outcome: PublishOutcome, generated: str) -> dict:
     }
 
 
-def publish(inputs: list[Path], out: PublishOutputs, settings: RegressionSettings) -> PublishOutcome:
+def publish(
+    inputs: list[Path], out: PublishOutputs, settings: RegressionSettings, plots: bool = True
+) -> PublishOutcome:
     records = _records(inputs)
     added = sum(history.append(out.history, rec) for rec in records)
     runs = history.load(out.history)
@@ -89,7 +91,7 @@ def publish(inputs: list[Path], out: PublishOutputs, settings: RegressionSetting
     history_frame = history.to_frame(runs)
     _write_text(out.tables / "benchmarks.md", tables.to_markdown(frame))
     _write_text(out.tables / "benchmarks.csv", frame.to_csv(index=False))
-    _write_text(out.tables / "benchmarks.html", render_page(records, verdicts, frame, history_frame, generated))
+    _write_text(out.tables / "benchmarks.html", render_page(records, verdicts, frame, history_frame, generated, plots))
     history.write_parquet(runs, out.history / history.PARQUET_NAME)
     write_junit(records, verdicts, out.junit)
     _write_text(out.verdict, json.dumps(verdict_document(outcome, generated), indent=1, default=str) + "\n")

@@ -1,0 +1,147 @@
+"""publish over StageResult files in tmp dirs: tables, history, verdict, what changed, JUnit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from publish_fixtures import AMD_RECIPE, night, write_run
+from recipeval.analysis.regression import RegressionSettings
+from recipeval.publish.run import PublishOutputs, publish
+
+
+def _publish_night(tmp: Path, n: int, plots: bool = False, **kwargs) -> tuple[Path, object]:
+    """Plots are left out of the nights that only build history (they cost ~0.3 s each)."""
+    results = tmp / f"night{n}"
+    write_run(results, AMD_RECIPE, night(n), **kwargs)
+    out = PublishOutputs.under(results, tmp / "history")
+    return results, publish([results], out, RegressionSettings(), plots)
+
+
+def test_sglang_bump_jump_is_flagged_first_night_and_points_at_the_package(tmp_path: Path) -> None:
+    # miles #2040: 0.045 for a week on SGLang 0.5.16, then 0.213 after a bump, recipe unchanged.
+    for n, value in enumerate([0.045, 0.046, 0.044, 0.045, 0.047, 0.044, 0.045]):
+        _, outcome = _publish_night(tmp_path, n, logprob=value)
+        assert outcome.ok
+    bumped = {"sglang": "0.5.17", "torch": "2.9.1", "megatron-core": "0.16.0"}
+    results, outcome = _publish_night(tmp_path, 7, plots=True, logprob=0.213, packages=bumped)
+    assert not outcome.ok
+    (verdict,) = outcome.verdicts.values()
+    assert verdict.status == "regressed"
+    (reg,) = verdict.regressions
+    assert reg.metric == "logprob_diff.baseline.train_rollout_logprob_abs_diff"
+    assert reg.rel_change == pytest.approx(0.213 / 0.045143 - 1, rel=1e-3)
+    changes = {(c.kind, c.key): (c.before, c.after) for c in verdict.changes}
+    assert changes == {("package", "sglang"): ("0.5.16", "0.5.17")}
+    doc = json.loads((results / "regression.json").read_text())
+    assert doc["ok"] is False and doc["recipes"][0]["changes"][0]["after"] == "0.5.17"
+    html = (results / "tables/benchmarks.html").read_text()
+    assert "0.5.17" in html and "regression" in html
+    assert html.count('src="data:image/png;base64,') >= 2  # embedded: works opened from disk
+
+
+def test_tables_show_gate_failure_and_reason(tmp_path: Path) -> None:
+    results, outcome = _publish_night(tmp_path, 0, smoke_status="fail", smoke_message="loss is nan at step 1")
+    table = pd.read_csv(results / "tables/benchmarks.csv", dtype=str)
+    row = table.iloc[0]
+    assert row["recipe"] == "deepseek-v4-flash-4node-mi355x"
+    assert row["GPUs"] == "MI355X x 32" and row["layout"] == "TP4/PP4/CP1/EP8/ETP1"
+    assert row["max response len"] == "8192"
+    assert row["smoke"] == "fail: loss is nan at step 1"
+    assert row["bench"].startswith("skipped: gate smoke is fail")
+    assert row["vs history"].startswith("failed: smoke fail")
+    md = (results / "tables/benchmarks.md").read_text()
+    assert "| fail: loss is nan at step 1 |" in md
+    assert not outcome.ok
+
+
+def test_table_values_intervals_and_packages(tmp_path: Path) -> None:
+    results, outcome = _publish_night(tmp_path, 0)
+    row = pd.read_csv(results / "tables/benchmarks.csv", dtype=str).iloc[0]
+    assert row["cycle time (s)"] == "474 [464.5, 483.5]"
+    assert row["rollout time (s)"] == "150 [147, 153]"
+    assert row["logprob diff"] == "0.045"
+    assert row["vs expect"] == "ok" and row["vs history"] == "first run"
+    assert "sglang 0.5.16" in row["packages"]
+    assert outcome.ok
+
+
+def test_history_is_append_only_and_idempotent(tmp_path: Path) -> None:
+    results, first = _publish_night(tmp_path, 0)
+    files = sorted((tmp_path / "history").glob("*/*.json"))
+    assert len(files) == 1 and first.added_to_history == 1
+    before = files[0].read_bytes()
+    again = publish([results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings())
+    assert again.added_to_history == 0
+    assert sorted((tmp_path / "history").glob("*/*.json")) == files
+    assert files[0].read_bytes() == before
+    _publish_night(tmp_path, 1)
+    assert len(list((tmp_path / "history").glob("*/*.json"))) == 2
+    frame = pd.read_parquet(tmp_path / "history/history.parquet")
+    assert set(frame["run_id"]) == {p.stem.split("-")[-1] for p in (tmp_path / "history").glob("*/*.json")}
+    assert "bench.cycle_time" in set(frame["metric"])
+
+
+def test_junit_one_case_per_recipe_and_stage(tmp_path: Path) -> None:
+    results, _ = _publish_night(tmp_path, 0, smoke_status="fail", smoke_message="boom")
+    root = ET.parse(results / "junit.xml").getroot()
+    stages = root.find("testsuite[@name='stages']")
+    names = [tc.get("name") for tc in stages.iter("testcase")]
+    assert names == ["env_check", "smoke", "logprob_diff", "bench"]
+    assert stages.get("failures") == "1" and stages.get("skipped") == "2"
+    smoke = stages.find("testcase[@name='smoke']")
+    assert smoke.find("failure").get("message") == "boom"
+
+
+def test_step_time_regression_flagged_improvement_reported(tmp_path: Path) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    for n in range(10):
+        _publish_night(tmp_path, n, cycle=float(474 * (1 + 0.01 * rng.standard_normal())))
+    _, slow = _publish_night(tmp_path, 10, cycle=474 * 1.06)
+    (v,) = slow.verdicts.values()
+    assert [m.metric for m in v.regressions] == ["bench.cycle_time"]
+    _, fast = _publish_night(tmp_path, 11, cycle=474 * 0.90)
+    (v,) = fast.verdicts.values()
+    assert v.status == "improved" and [m.metric for m in v.improvements] == ["bench.cycle_time"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("recipeval")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, check=False)
+
+
+def test_cli_publish_bad_input_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "r" / "smoke.json"
+    bad.parent.mkdir()
+    bad.write_text("{not json")
+    proc = _cli("publish", str(bad), "--tables", str(tmp_path / "t"), "--history", str(tmp_path / "h"),
+                "--junit", str(tmp_path / "j.xml"), "--verdict", str(tmp_path / "v.json"))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("recipeval: unreadable stage result") and proc.stderr.count("\n") == 1
+    assert "Traceback" not in proc.stderr
+    missing = _cli("publish", str(tmp_path / "nope.json"))
+    assert missing.returncode == 2 and "nope.json: no such result file" in missing.stderr
+
+
+def test_cli_publish_fail_on_regression_exit_status(tmp_path: Path) -> None:
+    for n, value in enumerate([0.045, 0.046, 0.044]):
+        _publish_night(tmp_path, n, logprob=value)
+    write_run(tmp_path / "n3", AMD_RECIPE, night(3), logprob=0.213)
+    args = [str(tmp_path / "n3"), "--history", str(tmp_path / "history"), "--tables", str(tmp_path / "n3/t"),
+            "--junit", str(tmp_path / "n3/j.xml"), "--verdict", str(tmp_path / "n3/v.json"), "--no-plots"]
+    proc = _cli("publish", *args, "--fail-on-regression")
+    assert proc.returncode == 1, proc.stderr
+    assert "regressed" in proc.stdout and "train_rollout_logprob_abs_diff" in proc.stdout
+    # Without --fail-on-regression (as the Snakemake rule runs it) the outputs are what count.
+    shutil.rmtree(tmp_path / "n3" / "t")
+    assert _cli("publish", *args).returncode == 0
+    assert (tmp_path / "n3/t/benchmarks.md").is_file()
