@@ -1,0 +1,179 @@
+"""Batched sampling with a static KV cache: one prefill, then one decode step per token, each
+step optionally compiled (torch.compile) and replayed as a single CUDA graph (one graph per
+attention-window bucket), so the loop is bound by the GPU rather than by Python and kernel
+launches. Each sampled token's logprob is
+recorded as the sampler saw it: log softmax(logits / T), before top-p truncation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from recipeval.engines.reference.kvcache import WindowedStaticCache, window_for
+from recipeval.engines.reference.tokenizer import EOS_ID, PAD_ID
+
+EOS_CHECK_EVERY = 32  # steps between host syncs that ask "has every sample finished?"
+
+
+@dataclass
+class Generation:
+    tokens: torch.Tensor  # (B, R) sampled ids, PAD after the first EOS
+    logprobs: torch.Tensor  # (B, R) float32, 0 where mask is 0
+    mask: torch.Tensor  # (B, R) float32: 1 for sampled tokens up to and including EOS
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperature: float, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; returns (token ids, their logprobs). Exponential-race sampling
+    (argmax p / E, E ~ Exp(1)) draws from p without a host sync, so it runs inside a graph."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
+    token = (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
+    return token, logp.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+
+
+class StaticCacheDecoder:
+    """Decodes fixed-shape batches (batch_size x prompt_len prompts, up to max_new tokens) with
+    one StaticCache reused across calls; weights may change between calls (in-place copies keep
+    every captured address valid)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        batch_size: int,
+        prompt_len: int,
+        max_new: int,
+        temperature: float,
+        top_p: float,
+        ignore_eos: bool,
+        cuda_graph: bool = False,
+        compile_step: bool = False,
+        window_bucket: int = 256,
+    ) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.batch_size, self.prompt_len, self.max_new = batch_size, prompt_len, max_new
+        self.temperature, self.top_p, self.ignore_eos = temperature, top_p, ignore_eos
+        if cuda_graph and self.device.type != "cuda":
+            raise ValueError("--rollout-cuda-graph needs a CUDA device")
+        self.cache_len = prompt_len + max_new
+        self.cache = WindowedStaticCache(model.config, max_cache_len=self.cache_len)
+        self.window_bucket = window_bucket
+        step: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = self._step
+        if compile_step:
+            step = torch.compile(self._step, fullgraph=True, dynamic=False)
+        self._step_fn = step
+        self._use_graph = cuda_graph
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._initialised = False
+
+    def _step(self, tokens: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Both position forms: transformers >= 5.2x reads position_ids (the cache keeps its own
+        # write counter), older 5.x writes the cache at cache_position.
+        out = self.model(
+            input_ids=tokens,
+            position_ids=position.view(1, 1),
+            cache_position=position,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return sample_tokens(out.logits[:, -1], self.temperature, self.top_p)
+
+    def _prefill(self, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(self.prompt_len, device=self.device)
+        self.cache.reset()  # in place: zero the buffers and the write counter
+        self.cache.set_window(window_for(self.prompt_len, self.window_bucket, self.cache_len))
+        out = self.model(
+            input_ids=prompt_ids,
+            position_ids=positions.unsqueeze(0),
+            cache_position=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return sample_tokens(out.logits[:, -1], self.temperature, self.top_p)
+
+    def _initialise(self) -> None:
+        """Allocate the cache (a first prefill) and capture one decode graph per window. Both write
+        junk into the cache; every later prefill and step overwrites a slot before a query reads it."""
+        dummy = torch.full((self.batch_size, self.prompt_len), PAD_ID, device=self.device)
+        self._prefill(dummy)
+        self._tokens = torch.zeros((self.batch_size, 1), dtype=torch.long, device=self.device)
+        self._position = torch.full((1,), self.prompt_len, dtype=torch.long, device=self.device)
+        if self._use_graph:
+            windows = sorted({self._window(p) for p in range(self.prompt_len, self.cache_len)})
+            pool = None
+            for window in windows:
+                self.cache.set_window(window)
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(2):  # warm-up: compile, autotune, allocate outside the capture
+                        self._step_fn(self._tokens, self._position)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self._step_fn(self._tokens, self._position)
+                pool = graph.pool()
+                self._graphs[window] = (graph, out)
+        self._initialised = True
+
+    def _window(self, position: int) -> int:
+        return window_for(position + 1, self.window_bucket, self.cache_len)
+
+    def _decode(self, tokens: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        window = self._window(position)
+        self.cache.set_window(window)
+        self._tokens.copy_(tokens.unsqueeze(-1))
+        self._position.fill_(position)
+        if self._graphs:
+            graph, out = self._graphs[window]
+            graph.replay()
+            return out
+        return self._step_fn(self._tokens, self._position)
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: torch.Tensor) -> Generation:
+        if tuple(prompt_ids.shape) != (self.batch_size, self.prompt_len):
+            raise ValueError(f"expected prompts of shape {(self.batch_size, self.prompt_len)}")
+        if not self._initialised:
+            self._initialise()
+        b, r = self.batch_size, self.max_new
+        tokens = torch.full((b, r), PAD_ID, dtype=torch.long, device=self.device)
+        logprobs = torch.zeros((b, r), dtype=torch.float32, device=self.device)
+        token, logp = self._prefill(prompt_ids.to(self.device))
+        tokens[:, 0], logprobs[:, 0] = token, logp
+        finished = token == EOS_ID
+        steps = 1
+        for t in range(1, r):
+            if not self.ignore_eos and t % EOS_CHECK_EVERY == 0 and bool(finished.all()):
+                break
+            token, logp = self._decode(tokens[:, t - 1], self.prompt_len + t - 1)
+            tokens[:, t], logprobs[:, t] = token, logp
+            finished |= token == EOS_ID
+            steps = t + 1
+        return _finish(tokens[:, :steps], logprobs[:, :steps], self.ignore_eos)
+
+
+def _finish(tokens: torch.Tensor, logprobs: torch.Tensor, ignore_eos: bool) -> Generation:
+    """Cut each sample after its first EOS (kept, as miles trains on it) and trim the batch to
+    its longest sample."""
+    if ignore_eos:
+        mask = torch.ones_like(logprobs)
+    else:
+        is_eos = (tokens == EOS_ID).int()
+        eos_before = is_eos.cumsum(dim=-1) - is_eos  # EOS tokens strictly before each position
+        mask = (eos_before == 0).float()
+    length = int(mask.sum(dim=-1).max().item())
+    mask = mask[:, :length]
+    return Generation(
+        tokens=tokens[:, :length].masked_fill(mask == 0, PAD_ID),
+        logprobs=logprobs[:, :length] * mask,
+        mask=mask,
+    )

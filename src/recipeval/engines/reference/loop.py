@@ -1,0 +1,132 @@
+"""The driver: rollout -> train -> weight sync, per rollout id, in miles' order.
+
+Without Ray the rollout worker and the trainer are two objects in this process, each with its
+own weights; with Ray (inside a Ray job, or `--ray on`) they are two Ray actors and the weights
+travel through the object store. Either way the weight sync copies the trainer's weights into
+the rollout worker's own tensors; `--skip-weight-sync` (the planted fault) leaves them stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Protocol
+
+import torch
+
+from recipeval.engines.reference.config import EngineConfig
+from recipeval.engines.reference.dump import LogprobDump
+from recipeval.engines.reference.logfmt import MAIN, configure_logging
+from recipeval.engines.reference.modeling import resolve_device
+from recipeval.engines.reference.rollout import RolloutBatch, RolloutWorker, limit_cpu_threads
+from recipeval.engines.reference.trainer import Trainer, TrainResult
+from recipeval.engines.reference.warmstart import initial_state
+
+logger = logging.getLogger(MAIN)
+RAY_JOB_MARKER = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray's job supervisor for the entrypoint
+
+
+class Workers(Protocol):
+    def generate(self, rollout_id: int) -> RolloutBatch: ...
+    def train(self, batch: RolloutBatch) -> TrainResult: ...
+    def sync_weights(self) -> None: ...
+    def log_perf(self, rollout_id: int, update_weights_time: float) -> dict[str, float]: ...
+    def close(self) -> None: ...
+
+
+class LocalWorkers:
+    def __init__(self, config: EngineConfig, state: dict[str, torch.Tensor]) -> None:
+        self.rollout = RolloutWorker(config, state)
+        self.trainer = Trainer(config, state)
+
+    def generate(self, rollout_id: int) -> RolloutBatch:
+        return self.rollout.generate(rollout_id)
+
+    def train(self, batch: RolloutBatch) -> TrainResult:
+        return self.trainer.train(batch)
+
+    def sync_weights(self) -> None:
+        self.rollout.load_weights(self.trainer.weights())
+
+    def log_perf(self, rollout_id: int, update_weights_time: float) -> dict[str, float]:
+        return self.trainer.log_perf(rollout_id, update_weights_time)
+
+    def close(self) -> None:
+        pass
+
+
+class RayWorkers:
+    """The same two objects as Ray actors; this driver owns them and kills them on close."""
+
+    def __init__(self, config: EngineConfig, state: dict[str, torch.Tensor]) -> None:
+        import ray
+
+        self._ray = ray
+        self._started = not ray.is_initialized()
+        if self._started:
+            ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=True)
+        gpus = 0.0 if resolve_device(config).type == "cpu" else (1.0 if config.num_gpus >= 2 else 0.5)
+        state_ref = ray.put(state)
+        rollout_cls = ray.remote(num_cpus=1, num_gpus=gpus)(RolloutWorker)
+        trainer_cls = ray.remote(num_cpus=1, num_gpus=gpus)(Trainer)
+        self.rollout = rollout_cls.options(name=None).remote(config, state_ref)
+        self.trainer = trainer_cls.remote(config, state_ref)
+        ray.get([self.rollout.__ray_ready__.remote(), self.trainer.__ray_ready__.remote()])
+
+    def generate(self, rollout_id: int) -> RolloutBatch:
+        return self._ray.get(self.rollout.generate.remote(rollout_id))
+
+    def train(self, batch: RolloutBatch) -> TrainResult:
+        return self._ray.get(self.trainer.train.remote(batch))
+
+    def sync_weights(self) -> None:
+        self._ray.get(self.rollout.load_weights.remote(self.trainer.cpu_weights.remote()))
+
+    def log_perf(self, rollout_id: int, update_weights_time: float) -> dict[str, float]:
+        return self._ray.get(self.trainer.log_perf.remote(rollout_id, update_weights_time))
+
+    def close(self) -> None:
+        for actor in (self.rollout, self.trainer):
+            self._ray.kill(actor)
+        if self._started:
+            self._ray.shutdown()
+
+
+def use_ray(config: EngineConfig) -> bool:
+    return config.ray == "on" or (config.ray == "auto" and RAY_JOB_MARKER in os.environ)
+
+
+def run(config: EngineConfig) -> list[dict[str, Any]]:
+    """Run num_rollout rollout/train/sync cycles; returns one summary dict per rollout id."""
+    configure_logging()
+    limit_cpu_threads(config)
+    device = resolve_device(config)
+    logger.info(f"reference engine: device {device}, ray {use_ray(config)}, config {config.to_dict()}")
+    state = initial_state(config, device)
+    workers: Workers = RayWorkers(config, state) if use_ray(config) else LocalWorkers(config, state)
+    dump = LogprobDump(config.dump_logprobs) if config.dump_logprobs else None
+    history: list[dict[str, Any]] = []
+    try:
+        for rollout_id in range(config.num_rollout):
+            batch = workers.generate(rollout_id)
+            result = workers.train(batch)
+            if dump is not None:
+                dump.write(
+                    rollout_id,
+                    batch.response_ids.numpy(),
+                    batch.rollout_logprobs.numpy(),
+                    result.train_logprobs.numpy(),
+                    batch.response_mask.numpy(),
+                )
+            sync_start = time.perf_counter()
+            if not config.skip_weight_sync:
+                workers.sync_weights()
+            perf = workers.log_perf(rollout_id, time.perf_counter() - sync_start)
+            history.append({**result.rollout_metrics, **result.step_metrics, **perf,
+                            "perf/rollout_time": batch.rollout_time})
+    finally:
+        if dump is not None:
+            dump.close()
+        workers.close()
+    return history
