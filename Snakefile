@@ -7,7 +7,7 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+configfile: workflow.source_path("config/config.yaml")
 
 
 include: "rules/common.smk"
