@@ -5,7 +5,8 @@ scripts/slurm/up.sh and stops it with scripts/slurm/down.sh at the end of the se
 cluster that was already running in the same directory is used as it is and left running.
 It skips only when this machine cannot run Slurm at all; with CI=true it fails instead.
 
-Use it from a test module with `from slurm_cluster import slurm_cluster  # noqa: F401`.
+Use it from a test module with `from slurm_cluster import slurm_cluster_fixture  # noqa: F401`
+(registered under the name `slurm_cluster`).
 """
 
 from __future__ import annotations
@@ -70,13 +71,23 @@ class SlurmCluster:
     def conf(self) -> Path:
         return self.directory / "etc" / "slurm.conf"
 
-    def run(self, argv: list[str], timeout: float = 60, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, argv: list[str], timeout: float = 60, **kwargs: object
+    ) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command against this cluster; raise with its stderr if it fails."""
         result = subprocess.run(
-            argv, env=dict(self.env), capture_output=True, text=True, timeout=timeout, **kwargs
+            argv,
+            check=False,
+            env=dict(self.env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **kwargs,
         )
         if result.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} exited {result.returncode}: {result.stderr.strip()}")
+            raise RuntimeError(
+                f"{' '.join(argv)} exited {result.returncode}: {result.stderr.strip()}"
+            )
         return result
 
     def sbatch(self, *args: str, cwd: Path | None = None) -> str:
@@ -86,7 +97,9 @@ class SlurmCluster:
 
     def job_state(self, job_id: str) -> str:
         """The job's state as squeue shows it (finished jobs stay visible for MinJobAge)."""
-        result = self.run(["squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%T"])
+        result = self.run(
+            ["squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%T"]
+        )
         return result.stdout.strip()
 
     def job_field(self, job_id: str, name: str) -> str:
@@ -101,7 +114,9 @@ class SlurmCluster:
         """`pid args` of every process that runs as part of job `job_id` of this cluster."""
         return job_processes(job_id, self.conf)
 
-    def wait_job(self, job_id: str, submitted_at: float, timeout: float = 120, poll_s: float = 0.05) -> JobTimes:
+    def wait_job(
+        self, job_id: str, submitted_at: float, timeout: float = 120, poll_s: float = 0.05
+    ) -> JobTimes:
         """Poll squeue until the job reaches a terminal state; time it from `submitted_at`."""
         seen_running = None
         deadline = time.monotonic() + timeout
@@ -113,12 +128,17 @@ class SlurmCluster:
             if state in TERMINAL_STATES:
                 return JobTimes(job_id, state, seen_running, now)
             time.sleep(poll_s)
-        raise TimeoutError(f"slurm job {job_id} not finished after {timeout:.0f}s (state {state!r})")
+        raise TimeoutError(
+            f"slurm job {job_id} not finished after {timeout:.0f}s (state {state!r})"
+        )
 
 
 def cluster_environment(directory: Path) -> dict[str, str]:
     """Environment variables that point Slurm clients (and scripts/slurm) at `directory`."""
-    return {"SLURM_CONF": str(directory / "etc" / "slurm.conf"), "RECIPEVAL_SLURM_DIR": str(directory)}
+    return {
+        "SLURM_CONF": str(directory / "etc" / "slurm.conf"),
+        "RECIPEVAL_SLURM_DIR": str(directory),
+    }
 
 
 def cluster_is_running(directory: Path) -> bool:
@@ -198,13 +218,17 @@ def _unavailable_reason() -> str | None:
     """Why this machine cannot run the test cluster, or None when it can (maybe after installing)."""
     if platform.system() != "Linux":
         return f"Slurm test cluster needs Linux (this is {platform.system()})"
+    if os.geteuid() != 0:
+        return (
+            "Slurm test cluster needs root (slurmd runs jobs as root here): run the tests as root"
+        )
     path = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
     if all(shutil.which(binary, path=path) for binary in SLURM_BINARIES):
         return None
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+    if shutil.which("apt-get") is None:
         return (
-            "Slurm is not installed and cannot be installed here (needs root and apt-get): "
-            "run scripts/slurm/install.sh as root"
+            "Slurm is not installed and cannot be installed here (no apt-get): "
+            "install munge, slurmctld, slurmd and the Slurm clients"
         )
     return None
 
@@ -219,9 +243,16 @@ def require_slurm_machine() -> None:
     pytest.skip(reason)
 
 
-def _run_script(name: str, env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+def _run_script(
+    name: str, env: Mapping[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [str(SCRIPTS / name)], env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout
+        [str(SCRIPTS / name)],
+        check=False,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if result.returncode != 0:
         raise RuntimeError(f"scripts/slurm/{name} exited {result.returncode}:\n{result.stderr}")
@@ -244,7 +275,9 @@ def start_cluster(directory: Path, extra_env: Mapping[str, str] | None = None) -
     env = {**cluster_environment(directory), **(extra_env or {})}
     _run_script("install.sh", env, timeout=900)
     exports = _parse_exports(_run_script("up.sh", env, timeout=180).stdout)
-    node = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
+    node = subprocess.run(
+        ["hostname", "-s"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     return SlurmCluster(
         directory=directory,
         partition=exports["RECIPEVAL_SLURM_PARTITION"],
@@ -259,8 +292,8 @@ def stop_cluster(cluster: SlurmCluster) -> None:
     _run_script("down.sh", cluster.env, timeout=120)
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[SlurmCluster]:
+@pytest.fixture(scope="session", name="slurm_cluster")
+def slurm_cluster_fixture() -> Iterator[SlurmCluster]:
     """The single-node Slurm of this test session; SLURM_CONF is set while it is up."""
     require_slurm_machine()
     directory = Path(os.environ.get("RECIPEVAL_SLURM_DIR", DEFAULT_DIR))
@@ -312,12 +345,23 @@ class SnakemakeRun:
     slurm_job_ids: list[str]
 
 
-def run_two_rule_workflow(cluster: SlurmCluster, workdir: Path, timeout: float = 300) -> SnakemakeRun:
+def run_two_rule_workflow(
+    cluster: SlurmCluster, workdir: Path, timeout: float = 300
+) -> SnakemakeRun:
     """Run TWO_RULE_SNAKEFILE in `workdir` through the Slurm executor with the CI profile."""
     (workdir / "Snakefile").write_text(TWO_RULE_SNAKEFILE)
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--profile", str(CI_PROFILE), "--directory", str(workdir)],
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--profile",
+            str(CI_PROFILE),
+            "--directory",
+            str(workdir),
+        ],
+        check=False,
         cwd=workdir,
         env=dict(cluster.env),
         capture_output=True,
@@ -331,3 +375,7 @@ def run_two_rule_workflow(cluster: SlurmCluster, workdir: Path, timeout: float =
         log=log,
         slurm_job_ids=SUBMITTED_LINE.findall(log),
     )
+
+
+# The fixture under its own name too, for `from slurm_cluster import slurm_cluster`.
+slurm_cluster = slurm_cluster_fixture

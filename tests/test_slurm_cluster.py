@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import (  # noqa: F401  (slurm_cluster is the fixture)
+import slurm_cluster as slurm_cluster_module
+from slurm_cluster import (  # noqa: F401  (slurm_cluster_fixture provides `slurm_cluster`)
+    CI_PROFILE,
+    SUBMITTED_LINE,
     SlurmCluster,
     processes_of,
     require_slurm_machine,
     run_two_rule_workflow,
-    slurm_cluster,
+    slurm_cluster_fixture,
     start_cluster,
     stop_cluster,
 )
@@ -48,8 +53,11 @@ def test_gpu_batch_job_gets_its_gpus_and_output_comes_back(
         "echo HOST=$(hostname -s)",
     )
     times = slurm_cluster.wait_job(job_id, submitted)
-    print(f"slurm job {job_id}: {times.state}, seen running after {times.seen_running_s}s, "
-          f"finished after {times.seen_finished_s:.2f}s (submit -> end)")
+    running = "-" if times.seen_running_s is None else f"{times.seen_running_s:.2f}s"
+    print(
+        f"slurm job {job_id}: {times.state}, seen running after {running}, "
+        f"finished after {times.seen_finished_s:.2f}s (submit -> end)"
+    )
 
     assert times.state == "COMPLETED"
     output = (tmp_path / f"{job_id}.out").read_text()
@@ -74,7 +82,9 @@ def test_srun_inside_an_allocation_runs_one_task_per_rank_with_gpus(
 
     assert times.state == "COMPLETED"
     lines = sorted(
-        line for line in (tmp_path / f"{job_id}.out").read_text().splitlines() if line.startswith("rank=")
+        line
+        for line in (tmp_path / f"{job_id}.out").read_text().splitlines()
+        if line.startswith("rank=")
     )
     assert [line.split()[0] for line in lines] == ["rank=0", "rank=1"]
     assert all("step=0" in line and "gpus=0,1" in line for line in lines), lines
@@ -83,6 +93,7 @@ def test_srun_inside_an_allocation_runs_one_task_per_rank_with_gpus(
 def test_more_gpus_than_the_node_has_is_refused(slurm_cluster: SlurmCluster) -> None:
     result = subprocess.run(
         ["sbatch", f"--gres=gpu:{slurm_cluster.gpu_type}:9", "--wrap", "true"],
+        check=False,
         env=dict(slurm_cluster.env),
         capture_output=True,
         text=True,
@@ -115,8 +126,10 @@ def test_snakemake_ci_profile_runs_both_rules_through_sbatch(
     for line in run.log.splitlines():
         if "submitted with SLURM jobid" in line or line.startswith("Finished jobid"):
             print(line)
-    print(f"snakemake: {len(run.slurm_job_ids)} slurm jobs {run.slurm_job_ids} in {run.wall_s:.1f}s "
-          f"({run.wall_s / max(len(run.slurm_job_ids), 1):.1f}s per job)")
+    print(
+        f"snakemake: {len(run.slurm_job_ids)} slurm jobs {run.slurm_job_ids} in {run.wall_s:.1f}s "
+        f"({run.wall_s / max(len(run.slurm_job_ids), 1):.1f}s per job)"
+    )
 
     assert run.returncode == 0, run.log[-3000:]
     assert len(run.slurm_job_ids) == 2, run.log[-3000:]
@@ -130,6 +143,68 @@ def test_snakemake_ci_profile_runs_both_rules_through_sbatch(
         f"gpu:{slurm_cluster.gpu_type}:1"
     )
     assert slurm_cluster.job_field(run.slurm_job_ids[0], "Partition") == slurm_cluster.partition
+
+
+def test_interrupting_snakemake_cancels_its_slurm_jobs(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    (tmp_path / "Snakefile").write_text(
+        'rule long:\n    output: "never.txt"\n    shell: "sleep 600; touch {output}"\n'
+    )
+    snakemake = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--profile",
+            str(CI_PROFILE),
+            "--directory",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=dict(slurm_cluster.env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    job_id = None
+    try:
+        for line in snakemake.stdout:
+            match = SUBMITTED_LINE.search(line)
+            if match:
+                job_id = match.group(1)
+                print(line.strip())
+                break
+        assert job_id, "snakemake never submitted its job"
+        deadline = time.monotonic() + 60
+        while slurm_cluster.job_state(job_id) != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        snakemake.send_signal(signal.SIGINT)
+        rest, _ = snakemake.communicate(timeout=120)
+    finally:
+        if snakemake.poll() is None:
+            snakemake.kill()
+            snakemake.wait()
+
+    assert snakemake.returncode != 0
+    assert slurm_cluster.job_state(job_id) == "CANCELLED", rest[-2000:]
+    deadline = time.monotonic() + 30
+    while slurm_cluster.job_processes(job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert slurm_cluster.job_processes(job_id) == []
+
+
+@pytest.mark.parametrize(
+    ("ci", "outcome"), [("true", pytest.fail.Exception), ("", pytest.skip.Exception)]
+)
+def test_a_machine_without_slurm_skips_but_fails_under_ci(
+    monkeypatch: pytest.MonkeyPatch, ci: str, outcome: type[BaseException]
+) -> None:
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(slurm_cluster_module.shutil, "which", lambda name, path=None: None)
+    with pytest.raises(outcome, match="cannot be installed here"):
+        require_slurm_machine()
 
 
 def test_up_and_down_are_idempotent_and_down_leaves_nothing(tmp_path: Path) -> None:
@@ -156,7 +231,7 @@ def test_up_and_down_are_idempotent_and_down_leaves_nothing(tmp_path: Path) -> N
     assert processes_of(directory) == []
     assert cluster.job_processes(job_id) == []
     leftovers = subprocess.run(
-        ["pgrep", "-a", "-f", str(directory)], capture_output=True, text=True
+        ["pgrep", "-a", "-f", str(directory)], check=False, capture_output=True, text=True
     ).stdout
     assert leftovers == ""
     assert not (tmp_path / "default-slurm.conf").exists()
