@@ -56,10 +56,21 @@ def test_tables_show_gate_failure_and_reason(tmp_path: Path) -> None:
     assert row["max response len"] == "8192"
     assert row["smoke"] == "fail: loss is nan at step 1"
     assert row["bench"].startswith("skipped: gate smoke is fail")
-    assert row["vs history"].startswith("failed: smoke fail")
+    assert row["vs history"] == "failed: smoke fail"
     md = (results / "tables/benchmarks.md").read_text()
     assert "| fail: loss is nan at step 1 |" in md
     assert not outcome.ok
+
+
+def test_long_messages_are_cut_to_one_line_in_the_table(tmp_path: Path) -> None:
+    tail = "Traceback (most recent call last):\n" + "  File x.py, line 1\n" * 40 + "RuntimeError: boom"
+    results, _ = _publish_night(tmp_path, 0, smoke_status="error", smoke_message=tail)
+    row = pd.read_csv(results / "tables/benchmarks.csv", dtype=str).iloc[0]
+    assert row["smoke"].startswith("error: Traceback (most recent call last): File x.py")
+    assert len(row["smoke"]) <= 140 and row["smoke"].endswith("…")
+    assert row["bench"].startswith("skipped: gate smoke is error") and "\n" not in row["bench"]
+    md = (results / "tables/benchmarks.md").read_text().splitlines()
+    assert len(md) == 3  # header, rule, one row: no message breaks a Markdown row
 
 
 def test_table_values_intervals_and_packages(tmp_path: Path) -> None:

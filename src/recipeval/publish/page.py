@@ -11,7 +11,7 @@ import pandas as pd
 from recipeval.publish import plots
 from recipeval.publish.compare import RecipeVerdict
 from recipeval.publish.records import RunRecord
-from recipeval.publish.tables import LOGPROB_COLUMN, TIMING_COLUMNS, find_metric, to_html
+from recipeval.publish.tables import LOGPROB_COLUMN, TIMING_COLUMNS, find_metric, short, to_html
 
 STYLE = """
 body { font: 14px/1.4 system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 1.5em; color: #222; }
@@ -42,7 +42,7 @@ def _changes_html(verdict: RecipeVerdict) -> str:
         lines.append(f"<li><b>{html.escape(m.kind)}</b> {html.escape(m.metric)}: "
                      f"{m.value:.4g} vs {m.baseline:.4g} ({html.escape(m.reason)})</li>")
     for failure in verdict.failures:
-        lines.append(f"<li><b>failure</b> {html.escape(failure)}</li>")
+        lines.append(f"<li><b>failure</b> {html.escape(short(failure, 600))}</li>")
     out = f"<h3>{html.escape(verdict.recipe)}: {html.escape(verdict.status)}</h3><ul>{''.join(lines)}</ul>"
     if verdict.last_good_run is None:
         return out + "<p>No earlier good run to compare with.</p>"

@@ -20,6 +20,14 @@ TIMING_COLUMNS = {
 }
 LOGPROB_COLUMN = ("train_rollout_logprob_abs_diff",)
 PACKAGES_SHOWN = ("sglang", "megatron-core", "torch", "ray", "transformers")
+# A table cell keeps the start of a stage's message; the full text is in its result file.
+CELL_CHARS = 140
+
+
+def short(text: str, limit: int = CELL_CHARS) -> str:
+    """One line of at most `limit` characters (messages may carry log tails)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
 def find_metric(record: RunRecord, endings: tuple[str, ...], stage: str | None = None) -> str | None:
@@ -50,7 +58,7 @@ def _history_text(verdict: RecipeVerdict | None) -> str:
     if verdict is None:
         return ""
     if verdict.status == "failed":
-        return "failed: " + "; ".join(verdict.failures)
+        return "failed: " + ", ".join(f.split(":", 1)[0] for f in verdict.failures)
     notes = [f"{m.kind} {m.metric.split('.', 1)[-1]} {m.rel_change:+.1%}"
              for m in verdict.regressions + verdict.improvements if m.rel_change is not None]
     if notes:
@@ -74,7 +82,9 @@ def _stage_text(record: RunRecord, stage: str) -> str:
     if outcome.status == "pass":
         return "pass"
     reason = outcome.message or "; ".join(outcome.failed_checks)
-    return f"{outcome.status}: {reason}" if reason else outcome.status
+    # Stages may already start their message with the status ("skipped: gate ...").
+    reason = reason.removeprefix(f"{outcome.status}:").strip()
+    return short(f"{outcome.status}: {reason}") if reason else outcome.status
 
 
 def table(records: list[RunRecord], verdicts: dict[str, RecipeVerdict]) -> pd.DataFrame:
