@@ -14,6 +14,7 @@ from recipeval.checks.probe import probe, ray_cluster
 from recipeval.checks.run import _Validators, build_result, env_check, exit_code, static_checks
 from recipeval.checks.subject import Subject
 from recipeval.recipe import load_recipe
+from recipeval.result import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 BROKEN = REPO / "tests" / "recipes" / "broken"
@@ -207,7 +208,8 @@ def test_unknown_gpu_is_info_not_a_guess(tmp_path):
 def test_missing_validator_means_could_not_judge(tmp_path):
     subject = _subject(tmp_path, "")
     validators = _Validators(megatron_error="ModuleNotFoundError: No module named 'megatron'")
-    result = build_result(subject, static_checks(subject, validators, None, 0), "t0", True, {})
+    template = provenance("", "", "env_check")
+    result = build_result(subject, static_checks(subject, validators, None, 0), template, True, {})
     assert result.status == "error" and "pip install" in result.message
     from recipeval.checks.run import Outcome
 
@@ -236,6 +238,28 @@ def test_live_probe_compares_gpu_model_and_count():
     assert not [c for c in ok if not c.ok and c.severity == "error"], [c.message for c in ok]
     wrong = {c.id for c in live.live_checks(Subject.of(load_recipe(PR_RECIPE), None), h200_node) if not c.ok}
     assert {"probe.platform", "probe.gpu-model"} <= wrong
+
+
+# `python -m recipeval.checks.probe` on the lent H200 machine (one GPU), trimmed to what is compared.
+H200_MACHINE = {
+    "platform": "cuda",
+    "torch": {"version": "2.11.0+cu130", "cuda": "13.0", "hip": None, "devices": [
+        {"index": 0, "name": "NVIDIA H200", "memory_bytes": 150109880320, "arch": "sm_90"}]},
+    "nvml": {"driver": "580.159.04", "cuda_driver": "13.0",
+             "devices": [{"index": 0, "name": "NVIDIA H200", "memory_bytes": 150754820096}]},
+    "packages": {"torch": "2.11.0", "sglang": None, "megatron-core": None, "ray": None,
+                 "transformers": "5.17.0", "triton": "3.6.0", "nvidia-ml-py": "13.610.43", "miles": None},
+    "ray": None,
+}
+
+
+def test_live_probe_of_a_one_gpu_h200_against_the_8_gpu_recipe():
+    checks = {c.id: c for c in live.live_checks(Subject.of(load_recipe(H200_RECIPE), None), H200_MACHINE)}
+    assert checks["probe.platform"].ok and checks["probe.gpu-model"].ok
+    assert not checks["probe.gpu-count"].ok and checks["probe.gpu-count"].value == 1
+    assert not checks["probe.packages"].ok and "sglang" in checks["probe.packages"].message
+    trainer = checks["probe.trainer-env"]
+    assert not trainer.ok and trainer.severity == "warning" and "transformers 5.17.0" in trainer.message
 
 
 def test_unreachable_ray_cluster_fails_the_probe():

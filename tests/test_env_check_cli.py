@@ -74,6 +74,7 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
         (["env-check", "--probe-only", str(TINY_RECIPE)], "--probe-only takes no recipe"),
         (["env-check", "--static", str(TINY_RECIPE), str(TINY_BROKEN), "--out", str(tmp_path / "x.json")],
          "give a folder"),
+        (["env-check", str(TINY_RECIPE), "--probe-from", str(TINY_RECIPE)], "not JSON"),
     ]
     for args, needle in cases:
         proc = run_cli(*args)

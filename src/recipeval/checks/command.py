@@ -10,8 +10,21 @@ from pathlib import Path
 from recipeval.checks.run import env_check, exit_code, report_lines, write_outputs
 
 
+def _read_probe(path: Path) -> dict | str:
+    """A probe JSON written by `--probe-only`, or a one-line reason it cannot be used."""
+    try:
+        found = json.loads(path.read_text())
+    except OSError as err:
+        return f"--probe-from {path}: cannot read: {err.strerror or err}"
+    except json.JSONDecodeError as err:
+        return f"--probe-from {path}:{err.lineno}: not JSON ({err.msg}); write it with --probe-only"
+    if not isinstance(found, dict) or "platform" not in found or "packages" not in found:
+        return f"--probe-from {path}: not a probe (no platform/packages); write it with --probe-only"
+    return found
+
+
 def env_check_command(recipes: list[Path], static: bool, stage: str | None, out: Path | None,
-                      exit_zero: bool, probe_only: bool) -> int:
+                      exit_zero: bool, probe_only: bool, probe_from: Path | None = None) -> int:
     if probe_only:
         if recipes:
             print("recipeval: --probe-only takes no recipe (it prints this machine's probe)",
@@ -28,7 +41,16 @@ def env_check_command(recipes: list[Path], static: bool, stage: str | None, out:
         print(f"recipeval: --out {out}: a .json file holds one recipe's result; give a folder for "
               f"{len(recipes)} recipes", file=sys.stderr)
         return 2
-    outcome = env_check(recipes, static=static, stage=stage)
+    found = None
+    if probe_from is not None:
+        if static:
+            print("recipeval: --probe-from compares a probe with the recipe; drop --static", file=sys.stderr)
+            return 2
+        found = _read_probe(probe_from)
+        if isinstance(found, str):
+            print(f"recipeval: {found}", file=sys.stderr)
+            return 2
+    outcome = env_check(recipes, static=static, stage=stage, found=found)
     for line in outcome.bad_input:
         print(f"recipeval: {line}", file=sys.stderr)
     for result in outcome.results:

@@ -9,6 +9,7 @@ import dataclasses
 import re
 import warnings
 from dataclasses import dataclass
+from functools import cache
 from types import ModuleType
 from typing import Any
 
@@ -48,7 +49,6 @@ MESSAGE_KEYS: list[tuple[str, str]] = [
     (r"expert", "parallel.ep"),
     (r"moe_ffn_hidden_size", "model.moe_ffn_hidden_size"),
     (r"recompute", "args.recompute-granularity"),
-    (r"fp8|fp4", "args.fp8-format"),
     (r"world_size", "parallel"),
 ]
 
@@ -282,33 +282,42 @@ def megatron_checks(subject: Subject, megatron: Megatron) -> list[Check]:
 
 
 def _parallel_state_check(subject: Subject, megatron: Megatron) -> Check:
-    """initialize_model_parallel on rank 0 of a fake process group of the recipe's world size:
-    megatron's own world-size, expert-layout and rank-group arithmetic, no GPU, no network."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     p = subject.recipe.parallel
     world = subject.recipe.world_size
-    state = megatron.parallel_state
     label = f"megatron-core {megatron.version} initialize_model_parallel (world size {world})"
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    try:
-        state.initialize_model_parallel(
-            tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
-            context_parallel_size=p.cp, expert_model_parallel_size=p.ep,
-            expert_tensor_parallel_size=p.etp, create_gloo_process_groups=False,
-        )
-        groups = {"dp": state.get_data_parallel_world_size(),
-                  "expert_dp": state.get_expert_data_parallel_world_size()}
-    except Exception as err:  # noqa: BLE001 - every exception megatron raises is a verdict
-        return subject.check("megatron.parallel-state", False,
-                             f"{label} fails: {_one_line(err)}", key=_message_key(str(err), subject))
-    finally:
-        state.destroy_model_parallel()
-        dist.destroy_process_group()
+    error, groups = parallel_state_verdict(megatron, world, p.tp, p.pp, p.cp, p.ep, p.etp)
+    if error is not None:
+        return subject.check("megatron.parallel-state", False, f"{label} fails: {error}",
+                             key=_message_key(error, subject))
     return subject.check("megatron.parallel-state", True,
                          f"{label}: DP {groups['dp']}, expert DP {groups['expert_dp']}",
                          value=groups)
+
+
+@cache
+def parallel_state_verdict(megatron: Megatron, world: int, tp: int, pp: int, cp: int, ep: int,
+                           etp: int) -> tuple[str | None, dict[str, int] | None]:
+    """initialize_model_parallel on rank 0 of a fake process group of the recipe's world size:
+    megatron's own world-size, expert-layout and rank-group arithmetic, no GPU, no network.
+    Returns (error, None) or (None, group sizes); cached per layout."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    state = megatron.parallel_state
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        state.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+            context_parallel_size=cp, expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=etp, create_gloo_process_groups=False,
+        )
+        return None, {"dp": state.get_data_parallel_world_size(),
+                      "expert_dp": state.get_expert_data_parallel_world_size()}
+    except Exception as err:  # noqa: BLE001 - every exception megatron raises is a verdict
+        return _one_line(err), None
+    finally:
+        state.destroy_model_parallel()
+        dist.destroy_process_group()
 
 
 def microbatch_check(subject: Subject, megatron: Megatron, global_batch: int) -> Check | None:

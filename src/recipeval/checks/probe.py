@@ -67,8 +67,8 @@ def torch_gpus() -> dict[str, Any]:
         props = torch.cuda.get_device_properties(index)
         info["devices"].append({"index": index, "name": props.name,
                                 "memory_bytes": int(props.total_memory),
-                                "arch": getattr(props, "gcnArchName", None)
-                                or f"sm_{props.major}{props.minor}"})
+                                "arch": props.gcnArchName if info["hip"]
+                                else f"sm_{props.major}{props.minor}"})
     return info
 
 

@@ -12,7 +12,15 @@ from recipeval.checks import context, layout, memory, rules
 from recipeval.checks.sglang_flags import FlagChecker, FlagReport, flag_checks, sglang_words
 from recipeval.checks.subject import Subject
 from recipeval.recipe import STAGES, LoadedRecipe, RecipeErrors, load_recipe
-from recipeval.result import Check, StageResult, now_iso, provenance, status_from_checks, write_result
+from recipeval.result import (
+    Check,
+    Provenance,
+    StageResult,
+    now_iso,
+    provenance,
+    status_from_checks,
+    write_result,
+)
 
 STAGE = "env_check"
 # Checks that fail when a validator could not run at all: the stage could not judge.
@@ -45,12 +53,12 @@ def load_all(paths: list[Path], stage: str | None) -> tuple[list[LoadedRecipe], 
     return loaded, bad
 
 
-def _prepare(subjects: list[Subject]) -> tuple[_Validators, dict[int, dict[str, list[str]]]]:
-    """Start SGLang's worker, import megatron-core meanwhile, then collect SGLang's verdicts."""
+def _prepare(subjects: list[Subject], checker: FlagChecker | None
+             ) -> tuple[_Validators, dict[int, dict[str, list[str]]]]:
+    """Import megatron-core while SGLang's worker imports, then collect SGLang's verdicts."""
     validators = _Validators()
     miles = [i for i, s in enumerate(subjects) if s.recipe.engine == "miles"]
     flags = {i: sglang_words(subjects[i].args) for i in miles}
-    checker = FlagChecker() if any(flags.values()) else None
     try:
         if miles:
             start = time.perf_counter()
@@ -59,7 +67,7 @@ def _prepare(subjects: list[Subject]) -> tuple[_Validators, dict[int, dict[str, 
             except Exception as err:  # noqa: BLE001 - reported as "could not judge"
                 validators.megatron_error = f"{type(err).__name__}: {err}"
             validators.timings["megatron_import_s"] = round(time.perf_counter() - start, 2)
-        if checker is not None:
+        if checker is not None and any(flags.values()):
             start = time.perf_counter()
             validators.sglang = checker.judge({f"{i}:{flag}": words for i, fl in flags.items()
                                                for flag, words in fl.items()})
@@ -108,8 +116,9 @@ def _summary(checks: list[Check]) -> dict[str, Any]:
     }
 
 
-def build_result(subject: Subject, checks: list[Check], started: str, static: bool,
+def build_result(subject: Subject, checks: list[Check], template: Provenance, static: bool,
                  extra: dict[str, Any]) -> StageResult:
+    """`template`: provenance shared by the recipes of one call (packages, host, revision)."""
     unjudged = [c for c in checks if not c.ok and c.id in UNJUDGED]
     status = "error" if unjudged else status_from_checks(checks)
     summary = {**_summary(checks), "static": static, "stage_overlay": subject.stage, **extra}
@@ -120,8 +129,9 @@ def build_result(subject: Subject, checks: list[Check], started: str, static: bo
         message = f"{len(errors)} error(s): " + "; ".join(f"{c.id}: {c.message}" for c in errors[:3])
     else:
         message = f"no error; {summary['warnings']} warning(s)"
-    prov = provenance(subject.recipe.name, subject.loaded.sha256, STAGE, subject.loaded.path, started)
-    prov.finished = now_iso()
+    prov = template.model_copy(update={
+        "recipe": subject.recipe.name, "recipe_path": str(subject.loaded.path),
+        "recipe_sha256": subject.loaded.sha256, "finished": now_iso()})
     return StageResult(stage=STAGE, recipe=subject.recipe.name, status=status, checks=checks,
                        summary=summary, provenance=prov, message=message)
 
@@ -130,14 +140,23 @@ def env_check(paths: list[Path], static: bool = True, stage: str | None = None,
               found: dict[str, Any] | None = None) -> Outcome:
     """Check every recipe; `found` is a probe already taken (else one is taken when not static)."""
     started = now_iso()
-    loaded, bad = load_all(paths, stage)
+    # SGLang's worker starts before anything else: its import is the longest single step and
+    # overlaps recipe loading and megatron-core's import here; stopped unused if no recipe has
+    # --sglang-* flags.
+    checker = FlagChecker()
+    try:
+        loaded, bad = load_all(paths, stage)
+    except BaseException:
+        checker.close()
+        raise
     outcome = Outcome(bad_input=bad)
     subjects = [Subject.of(item, stage or STAGE) for item in loaded]
-    validators, flags = _prepare(subjects)
+    validators, flags = _prepare(subjects, checker)
     if not static and found is None and subjects:
         from recipeval.checks.probe import probe
 
         found = probe()
+    template = provenance("", "", STAGE, None, started)
     for index, subject in enumerate(subjects):
         checks = static_checks(subject, validators, flags.get(index), index)
         extra: dict[str, Any] = {"timings": validators.timings}
@@ -146,7 +165,7 @@ def env_check(paths: list[Path], static: bool = True, stage: str | None = None,
 
             checks += live_checks(subject, found)
             extra["probe"] = found
-        result = build_result(subject, checks, started, static, extra)
+        result = build_result(subject, checks, template, static, extra)
         if found is not None and not static:
             names = sorted({d.get("name") for d in (found.get("torch") or {}).get("devices", [])})
             result.provenance.gpu = ", ".join(n for n in names if n) or None
