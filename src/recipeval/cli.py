@@ -226,6 +226,9 @@ def env_check(
     probe_only: Annotated[
         bool, typer.Option("--probe-only", help="print this machine's live probe as JSON; no recipe")
     ] = False,
+    probe_from: Annotated[Path | None, typer.Option(
+        "--probe-from", help="compare with a probe JSON taken elsewhere (--probe-only > FILE on a node)",
+    )] = None,
 ) -> None:
     """Static checks (megatron-core layout, SGLang flags, rule base, memory, context/batch) and,
     without --static, a live probe of this machine. Exit 0 no error, 1 an error-severity check
@@ -233,7 +236,7 @@ def env_check(
     from recipeval.checks.command import env_check_command
 
     raise typer.Exit(env_check_command([*(recipes or []), *(recipe_opt or [])], static, stage, out,
-                                       exit_zero, probe_only))
+                                       exit_zero, probe_only, probe_from))
 
 
 @app.command("parse-log")
