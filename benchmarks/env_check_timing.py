@@ -34,7 +34,9 @@ def timed(recipes: list[Path]) -> tuple[float, float, float, int]:
     recipeval = shutil.which("recipeval") or str(Path(sys.executable).with_name("recipeval"))
     proc = subprocess.run(
         ["/usr/bin/time", "-f", "%e %U %S", recipeval, "env-check", "--static", *map(str, recipes)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     wall, user, system = map(float, proc.stderr.strip().splitlines()[-1].split())
     return wall, user, system, proc.returncode
@@ -45,13 +47,17 @@ def series(label: str, recipes: list[Path], repeat: int, target: float) -> None:
     runs = [timed(recipes) for _ in range(repeat)]
     load_after = os.getloadavg()[0]
     walls = [r[0] for r in runs]
-    print(f"{label}: {len(recipes)} recipe(s), {repeat} cold runs, exit codes {sorted({r[3] for r in runs})}")
+    print(
+        f"{label}: {len(recipes)} recipe(s), {repeat} cold runs, exit codes {sorted({r[3] for r in runs})}"
+    )
     for i, (wall, user, system, _) in enumerate(runs, 1):
         print(f"  run {i}: wall {wall:.2f} s  user {user:.2f} s  sys {system:.2f} s")
     median = statistics.median(walls)
-    print(f"  median wall {median:.2f} s (min {min(walls):.2f}, max {max(walls):.2f}); "
-          f"target < {target:g} s: {'met' if median < target else 'missed'}; "
-          f"load average {load_before:.2f} before, {load_after:.2f} after")
+    print(
+        f"  median wall {median:.2f} s (min {min(walls):.2f}, max {max(walls):.2f}); "
+        f"target < {target:g} s: {'met' if median < target else 'missed'}; "
+        f"load average {load_before:.2f} before, {load_after:.2f} after"
+    )
 
 
 def main() -> None:

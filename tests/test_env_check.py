@@ -21,33 +21,76 @@ BROKEN = REPO / "tests" / "recipes" / "broken"
 PR_RECIPE = REPO / "recipes" / "amd" / "deepseek-v4-flash-4node-mi355x.yaml"
 H200_RECIPE = REPO / "recipes" / "nvidia" / "deepseek-v4-flash-8node-h200.yaml"
 TINY_RECIPE = REPO / "recipes" / "local" / "tiny-grpo-cpu.yaml"
-REAL = [PR_RECIPE, H200_RECIPE, REPO / "recipes" / "amd" / "deepseek-v4-flash-4layer-1node.yaml",
-        TINY_RECIPE]
+REAL = [
+    PR_RECIPE,
+    H200_RECIPE,
+    REPO / "recipes" / "amd" / "deepseek-v4-flash-4layer-1node.yaml",
+    TINY_RECIPE,
+]
 
 # broken variant -> (check id, recipe key, severity) it must fail with
 EXPECTED = {
     "unified-kv-without-compressor-v2": (
-        "rule.rocm-unified-kv-needs-compressor-v2", "env.SGLANG_OPT_USE_COMPRESSOR_V2", "error"),
-    "jit-norm-on-triton-path": ("rule.rocm-jit-norm-on-triton-path", "env.SGLANG_OPT_USE_JIT_NORM", "warning"),
+        "rule.rocm-unified-kv-needs-compressor-v2",
+        "env.SGLANG_OPT_USE_COMPRESSOR_V2",
+        "error",
+    ),
+    "jit-norm-on-triton-path": (
+        "rule.rocm-jit-norm-on-triton-path",
+        "env.SGLANG_OPT_USE_JIT_NORM",
+        "warning",
+    ),
     "hisparse-with-unified-kv": (
-        "rule.rocm-hisparse-with-unified-kv", "args.sglang-enable-hisparse", "error"),
+        "rule.rocm-hisparse-with-unified-kv",
+        "args.sglang-enable-hisparse",
+        "error",
+    ),
     "aiter-on-cuda": ("rule.aiter-on-non-rocm", "env.AITER_BF16_FP8_MOE_BOUND", "warning"),
     "deterministic-nccl-tree": ("rule.deterministic-needs-nccl-ring", "env.NCCL_ALGO", "warning"),
     "deterministic-nvte-allowed": (
-        "rule.deterministic-needs-nvte-deterministic", "env.NVTE_ALLOW_NONDETERMINISTIC_ALGO", "warning"),
+        "rule.deterministic-needs-nvte-deterministic",
+        "env.NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+        "warning",
+    ),
     "deterministic-cublas-default": (
-        "rule.deterministic-needs-cublas-workspace", "env.CUBLAS_WORKSPACE_CONFIG", "warning"),
+        "rule.deterministic-needs-cublas-workspace",
+        "env.CUBLAS_WORKSPACE_CONFIG",
+        "warning",
+    ),
     "dp-attention-missing": ("rule.miles-dp-attention-required", "args.sglang-dp-size", "error"),
     "dp-attention-deprecated-flag": (
-        "sglang.deprecated-flag", "args.sglang-enable-dp-attention", "warning"),
-    "sglang-tp-overridden": ("rule.miles-sglang-tp-follows-engine-gpus", "args.sglang-tp-size", "warning"),
-    "nvte-value-unreadable": ("env.value-readable", "env.NVTE_ALLOW_NONDETERMINISTIC_ALGO", "error"),
-    "pipeline-split-does-not-add-up": ("layout.pipeline-split", "parallel.pp_first_stage_layers", "error"),
+        "sglang.deprecated-flag",
+        "args.sglang-enable-dp-attention",
+        "warning",
+    ),
+    "sglang-tp-overridden": (
+        "rule.miles-sglang-tp-follows-engine-gpus",
+        "args.sglang-tp-size",
+        "warning",
+    ),
+    "nvte-value-unreadable": (
+        "env.value-readable",
+        "env.NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+        "error",
+    ),
+    "pipeline-split-does-not-add-up": (
+        "layout.pipeline-split",
+        "parallel.pp_first_stage_layers",
+        "error",
+    ),
     "layout-does-not-fit-gpus": ("layout.world-size", "parallel", "error"),
     "experts-not-divisible": ("layout.experts-divisible", "parallel.ep", "error"),
     "heads-not-divisible": ("layout.heads-divisible", "parallel.tp", "error"),
-    "sequence-parallel-without-tp": ("layout.sequence-parallel", "parallel.sequence_parallel", "error"),
-    "tiny-sequence-parallel-without-tp": ("layout.sequence-parallel", "parallel.sequence_parallel", "error"),
+    "sequence-parallel-without-tp": (
+        "layout.sequence-parallel",
+        "parallel.sequence_parallel",
+        "error",
+    ),
+    "tiny-sequence-parallel-without-tp": (
+        "layout.sequence-parallel",
+        "parallel.sequence_parallel",
+        "error",
+    ),
     "sglang-impossible-value": ("sglang.bad-value", "args.sglang-attention-backend", "error"),
     "sglang-wrong-type": ("sglang.bad-value", "args.sglang-mem-fraction-static", "error"),
     "sglang-unknown-flag": ("sglang.unknown-flag", "args.sglang-mem-fraction", "error"),
@@ -59,7 +102,10 @@ EXPECTED = {
 }
 # What megatron-core itself says about the layout variants (its exception, on the recipe key).
 MEGATRON_VERDICTS = {
-    "pipeline-split-does-not-add-up": ("megatron.transformer-config", "parallel.pp_first_stage_layers"),
+    "pipeline-split-does-not-add-up": (
+        "megatron.transformer-config",
+        "parallel.pp_first_stage_layers",
+    ),
     "heads-not-divisible": ("megatron.transformer-config", "parallel.tp"),
     "sequence-parallel-without-tp": ("megatron.transformer-config", "parallel.sequence_parallel"),
     "layout-does-not-fit-gpus": ("megatron.parallel-state", "parallel"),
@@ -115,9 +161,14 @@ def test_every_rule_in_the_rule_base_is_exercised():
 
 def test_issue_rules_are_in_the_rule_base():
     ids = {r.id for r in rules.rule_base().rules}
-    assert {"rocm-unified-kv-needs-compressor-v2", "rocm-jit-norm-on-triton-path", "aiter-on-non-rocm",
-            "deterministic-needs-nccl-ring", "deterministic-needs-nvte-deterministic",
-            "deterministic-needs-cublas-workspace"} <= ids
+    assert {
+        "rocm-unified-kv-needs-compressor-v2",
+        "rocm-jit-norm-on-triton-path",
+        "aiter-on-non-rocm",
+        "deterministic-needs-nccl-ring",
+        "deterministic-needs-nvte-deterministic",
+        "deterministic-needs-cublas-workspace",
+    } <= ids
 
 
 @pytest.mark.parametrize("recipe", [p.stem for p in REAL])
@@ -134,7 +185,12 @@ def test_pr_recipe_judged_by_real_validators(results):
     assert by_id["megatron.transformer-config"].ok
     assert "MLATransformerConfig" in by_id["megatron.transformer-config"].message
     assert by_id["megatron.parallel-state"].value == {"dp": 2, "expert_dp": 1}
-    assert by_id["layout.pipeline-split"].value == {"first": 11, "middle": 22, "last": 10, "layers": 43}
+    assert by_id["layout.pipeline-split"].value == {
+        "first": 11,
+        "middle": 22,
+        "last": 10,
+        "layers": 43,
+    }
     assert "SGLang 0.5.23" in by_id["sglang.flags"].message and by_id["sglang.flags"].value == 5
     assert by_id["memory.per-gpu"].ok and 200 < by_id["memory.per-gpu"].value < 260
 
@@ -151,13 +207,25 @@ def _subject(tmp_path: Path, body: str, stage: str | None = None) -> Subject:
     return Subject.of(load_recipe(path), stage)
 
 
-@pytest.mark.parametrize("value, fires", [
-    ("true", False), ("True", False), ("YES", False), ("y", False), ("1", False),
-    ("0", True), ("false", True), ("No", True), ("ture", True),  # EnvBool: invalid -> default (false)
-])
+@pytest.mark.parametrize(
+    "value, fires",
+    [
+        ("true", False),
+        ("True", False),
+        ("YES", False),
+        ("y", False),
+        ("1", False),
+        ("0", True),
+        ("false", True),
+        ("No", True),
+        ("ture", True),  # EnvBool: invalid -> default (false)
+    ],
+)
 def test_compressor_v2_read_as_sglang_envbool(tmp_path, value, fires):
     subject = _subject(tmp_path, f'env: {{SGLANG_OPT_USE_COMPRESSOR_V2: "{value}"}}\n')
-    check = next(c for c in rules.rule_checks(subject) if c.id == "rule.rocm-unified-kv-needs-compressor-v2")
+    check = next(
+        c for c in rules.rule_checks(subject) if c.id == "rule.rocm-unified-kv-needs-compressor-v2"
+    )
     assert check.ok is not fires
     readable = [c for c in rules.rule_checks(subject) if c.id == "env.value-readable" and not c.ok]
     assert bool(readable) == (value == "ture")
@@ -170,9 +238,14 @@ def test_readers_match_sglang_source(monkeypatch):
     environ = import_leaf("sglang.srt.environ", ("sglang",))
     common = import_leaf("sglang.srt.utils.common", ("sglang",))
     base = rules.rule_base()
-    base_with = base.model_copy(update={"variables": {
-        "X_ENVBOOL": rules.Variable(reader="sglang-envbool", default="false"),
-        "X_GETBOOL": rules.Variable(reader="sglang-get-bool-env-var", default="false")}})
+    base_with = base.model_copy(
+        update={
+            "variables": {
+                "X_ENVBOOL": rules.Variable(reader="sglang-envbool", default="false"),
+                "X_GETBOOL": rules.Variable(reader="sglang-get-bool-env-var", default="false"),
+            }
+        }
+    )
     for value in ["true", "TRUE", "1", "yes", "Y", "false", "0", "no", "n", "on", "2", "ture", ""]:
         try:
             expected = environ.EnvBool(False).parse(value)
@@ -180,7 +253,9 @@ def test_readers_match_sglang_source(monkeypatch):
             expected = False  # EnvField.get falls back to the default (False here)
         assert rules.read_bool(base_with, "X_ENVBOOL", value) == expected, value
         monkeypatch.setenv("X_GETBOOL", value)
-        assert rules.read_bool(base_with, "X_GETBOOL", value) == common.get_bool_env_var("X_GETBOOL"), value
+        assert rules.read_bool(base_with, "X_GETBOOL", value) == common.get_bool_env_var(
+            "X_GETBOOL"
+        ), value
 
 
 def test_int_reader_crashes_like_transformer_engine():
@@ -231,43 +306,91 @@ def test_live_probe_fails_gpu_recipe_on_cpu_machine(machine):
 
 
 def test_live_probe_compares_gpu_model_and_count():
-    h200_node = {"platform": "cuda", "torch": {"version": "2.9.1", "cuda": "13.0", "devices": [
-        {"index": i, "name": "NVIDIA H200", "memory_bytes": 150_000_000_000} for i in range(8)]},
-        "packages": {"torch": "2.9.1", "sglang": "0.5.16", "megatron-core": "0.16.0", "ray": "2.55.1"}}
+    h200_node = {
+        "platform": "cuda",
+        "torch": {
+            "version": "2.9.1",
+            "cuda": "13.0",
+            "devices": [
+                {"index": i, "name": "NVIDIA H200", "memory_bytes": 150_000_000_000}
+                for i in range(8)
+            ],
+        },
+        "packages": {
+            "torch": "2.9.1",
+            "sglang": "0.5.16",
+            "megatron-core": "0.16.0",
+            "ray": "2.55.1",
+        },
+    }
     ok = live.live_checks(Subject.of(load_recipe(H200_RECIPE), None), h200_node)
     assert not [c for c in ok if not c.ok and c.severity == "error"], [c.message for c in ok]
-    wrong = {c.id for c in live.live_checks(Subject.of(load_recipe(PR_RECIPE), None), h200_node) if not c.ok}
+    wrong = {
+        c.id
+        for c in live.live_checks(Subject.of(load_recipe(PR_RECIPE), None), h200_node)
+        if not c.ok
+    }
     assert {"probe.platform", "probe.gpu-model"} <= wrong
 
 
 # `python -m recipeval.checks.probe` on the lent H200 machine (one GPU), trimmed to what is compared.
 H200_MACHINE = {
     "platform": "cuda",
-    "torch": {"version": "2.11.0+cu130", "cuda": "13.0", "hip": None, "devices": [
-        {"index": 0, "name": "NVIDIA H200", "memory_bytes": 150109880320, "arch": "sm_90"}]},
-    "nvml": {"driver": "580.159.04", "cuda_driver": "13.0",
-             "devices": [{"index": 0, "name": "NVIDIA H200", "memory_bytes": 150754820096}]},
-    "packages": {"torch": "2.11.0", "sglang": None, "megatron-core": None, "ray": None,
-                 "transformers": "5.17.0", "triton": "3.6.0", "nvidia-ml-py": "13.610.43", "miles": None},
+    "torch": {
+        "version": "2.11.0+cu130",
+        "cuda": "13.0",
+        "hip": None,
+        "devices": [
+            {"index": 0, "name": "NVIDIA H200", "memory_bytes": 150109880320, "arch": "sm_90"}
+        ],
+    },
+    "nvml": {
+        "driver": "580.159.04",
+        "cuda_driver": "13.0",
+        "devices": [{"index": 0, "name": "NVIDIA H200", "memory_bytes": 150754820096}],
+    },
+    "packages": {
+        "torch": "2.11.0",
+        "sglang": None,
+        "megatron-core": None,
+        "ray": None,
+        "transformers": "5.17.0",
+        "triton": "3.6.0",
+        "nvidia-ml-py": "13.610.43",
+        "miles": None,
+    },
     "ray": None,
 }
 
 
 def test_live_probe_of_a_one_gpu_h200_against_the_8_gpu_recipe():
-    checks = {c.id: c for c in live.live_checks(Subject.of(load_recipe(H200_RECIPE), None), H200_MACHINE)}
+    checks = {
+        c.id: c for c in live.live_checks(Subject.of(load_recipe(H200_RECIPE), None), H200_MACHINE)
+    }
     assert checks["probe.platform"].ok and checks["probe.gpu-model"].ok
     assert not checks["probe.gpu-count"].ok and checks["probe.gpu-count"].value == 1
     assert not checks["probe.packages"].ok and "sglang" in checks["probe.packages"].message
     trainer = checks["probe.trainer-env"]
-    assert not trainer.ok and trainer.severity == "warning" and "transformers 5.17.0" in trainer.message
+    assert (
+        not trainer.ok
+        and trainer.severity == "warning"
+        and "transformers 5.17.0" in trainer.message
+    )
 
 
 def test_unreachable_ray_cluster_fails_the_probe():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    found = {"platform": "cpu", "torch": {}, "packages": {"torch": "x", "transformers": "y"},
-             "ray": ray_cluster(f"127.0.0.1:{port}")}
-    check = next(c for c in live.live_checks(Subject.of(load_recipe(TINY_RECIPE), None), found)
-                 if c.id == "probe.ray")
+    found = {
+        "platform": "cpu",
+        "torch": {},
+        "packages": {"torch": "x", "transformers": "y"},
+        "ray": ray_cluster(f"127.0.0.1:{port}"),
+    }
+    check = next(
+        c
+        for c in live.live_checks(Subject.of(load_recipe(TINY_RECIPE), None), found)
+        if c.id == "probe.ray"
+    )
     assert not check.ok and f"127.0.0.1:{port}" in check.message and "refused" in check.message

@@ -42,20 +42,35 @@ def test_live_probe_passes_cpu_recipe(tmp_path):
 def test_error_check_exits_1_and_exit_zero_exits_0(tmp_path):
     proc = run_cli("env-check", "--static", str(TINY_BROKEN))
     assert proc.returncode == 1
-    assert "layout.sequence-parallel" in proc.stdout and "tiny-sequence-parallel-without-tp.yaml:4" in proc.stdout
-    proc = run_cli("env-check", "--static", str(TINY_BROKEN), "--out", str(tmp_path / "r.json"), "--exit-zero")
+    assert (
+        "layout.sequence-parallel" in proc.stdout
+        and "tiny-sequence-parallel-without-tp.yaml:4" in proc.stdout
+    )
+    proc = run_cli(
+        "env-check", "--static", str(TINY_BROKEN), "--out", str(tmp_path / "r.json"), "--exit-zero"
+    )
     assert proc.returncode == 0
     assert read_result(tmp_path / "r.json").status == "fail"
 
 
 def test_several_recipes_one_call(tmp_path):
     """The PR's recipe passes --static; results land in DIR/<recipe>/env_check.json."""
-    proc = run_cli("env-check", "--static", str(PR_RECIPE), str(TINY_BROKEN), "--out", str(tmp_path),
-                   timeout=300)
+    proc = run_cli(
+        "env-check",
+        "--static",
+        str(PR_RECIPE),
+        str(TINY_BROKEN),
+        "--out",
+        str(tmp_path),
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     pr = read_result(tmp_path / "deepseek-v4-flash-4node-mi355x" / "env_check.json")
     assert pr.status == "pass" and pr.summary["errors"] == 0
-    assert read_result(tmp_path / "tiny-sequence-parallel-without-tp" / "env_check.json").status == "fail"
+    assert (
+        read_result(tmp_path / "tiny-sequence-parallel-without-tp" / "env_check.json").status
+        == "fail"
+    )
 
 
 def test_probe_only_prints_json():
@@ -68,12 +83,24 @@ def test_probe_only_prints_json():
 def test_bad_inputs_exit_2_with_one_line(tmp_path):
     cases = [
         (["env-check", "--static", str(tmp_path / "missing.yaml")], "missing.yaml"),
-        (["env-check", "--static", str(REPO / "tests/recipes/bad/unknown-key.yaml")], "unknown-key.yaml:"),
+        (
+            ["env-check", "--static", str(REPO / "tests/recipes/bad/unknown-key.yaml")],
+            "unknown-key.yaml:",
+        ),
         (["env-check", "--static", "--stage", "warmup", str(TINY_RECIPE)], "--stage 'warmup'"),
         (["env-check", "--static"], "name at least one recipe"),
         (["env-check", "--probe-only", str(TINY_RECIPE)], "--probe-only takes no recipe"),
-        (["env-check", "--static", str(TINY_RECIPE), str(TINY_BROKEN), "--out", str(tmp_path / "x.json")],
-         "give a folder"),
+        (
+            [
+                "env-check",
+                "--static",
+                str(TINY_RECIPE),
+                str(TINY_BROKEN),
+                "--out",
+                str(tmp_path / "x.json"),
+            ],
+            "give a folder",
+        ),
         (["env-check", str(TINY_RECIPE), "--probe-from", str(TINY_RECIPE)], "not JSON"),
     ]
     for args, needle in cases:

@@ -19,16 +19,27 @@ def _read_probe(path: Path) -> dict | str:
     except json.JSONDecodeError as err:
         return f"--probe-from {path}:{err.lineno}: not JSON ({err.msg}); write it with --probe-only"
     if not isinstance(found, dict) or "platform" not in found or "packages" not in found:
-        return f"--probe-from {path}: not a probe (no platform/packages); write it with --probe-only"
+        return (
+            f"--probe-from {path}: not a probe (no platform/packages); write it with --probe-only"
+        )
     return found
 
 
-def env_check_command(recipes: list[Path], static: bool, stage: str | None, out: Path | None,
-                      exit_zero: bool, probe_only: bool, probe_from: Path | None = None) -> int:
+def env_check_command(
+    recipes: list[Path],
+    static: bool,
+    stage: str | None,
+    out: Path | None,
+    exit_zero: bool,
+    probe_only: bool,
+    probe_from: Path | None = None,
+) -> int:
     if probe_only:
         if recipes:
-            print("recipeval: --probe-only takes no recipe (it prints this machine's probe)",
-                  file=sys.stderr)
+            print(
+                "recipeval: --probe-only takes no recipe (it prints this machine's probe)",
+                file=sys.stderr,
+            )
             return 2
         from recipeval.checks.probe import probe
 
@@ -38,13 +49,19 @@ def env_check_command(recipes: list[Path], static: bool, stage: str | None, out:
         print("recipeval: name at least one recipe (argument or --recipe)", file=sys.stderr)
         return 2
     if out is not None and out.suffix == ".json" and len(recipes) > 1:
-        print(f"recipeval: --out {out}: a .json file holds one recipe's result; give a folder for "
-              f"{len(recipes)} recipes", file=sys.stderr)
+        print(
+            f"recipeval: --out {out}: a .json file holds one recipe's result; give a folder for "
+            f"{len(recipes)} recipes",
+            file=sys.stderr,
+        )
         return 2
     found = None
     if probe_from is not None:
         if static:
-            print("recipeval: --probe-from compares a probe with the recipe; drop --static", file=sys.stderr)
+            print(
+                "recipeval: --probe-from compares a probe with the recipe; drop --static",
+                file=sys.stderr,
+            )
             return 2
         found = _read_probe(probe_from)
         if isinstance(found, str):

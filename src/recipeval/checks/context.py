@@ -11,35 +11,58 @@ def context_checks(subject: Subject) -> list[Check]:
     positions = subject.recipe.model.max_position_embeddings
     response = subject.int_arg("rollout-max-response-len")
     if response is None:
-        return [subject.check("context.positions", True,
-                              "rollout-max-response-len not set: the trainer's default applies",
-                              severity="info")]
+        return [
+            subject.check(
+                "context.positions",
+                True,
+                "rollout-max-response-len not set: the trainer's default applies",
+                severity="info",
+            )
+        ]
     prompt = subject.int_arg("rollout-max-prompt-len")
     context = subject.int_arg("rollout-max-context-len")
     checks = []
     longest = response + (prompt or 0)
-    prompt_note = (f"prompt {prompt} + response {response}" if prompt is not None else
-                   f"response {response} (rollout-max-prompt-len not set: prompt length not counted)")
+    prompt_note = (
+        f"prompt {prompt} + response {response}"
+        if prompt is not None
+        else f"response {response} (rollout-max-prompt-len not set: prompt length not counted)"
+    )
     key = subject.arg_key("rollout-max-response-len")
-    checks.append(subject.check(
-        "context.positions", longest <= positions,
-        f"{prompt_note} = {longest} tokens vs the model's {positions} positions",
-        key=key, value=longest, threshold=positions,
-    ))
+    checks.append(
+        subject.check(
+            "context.positions",
+            longest <= positions,
+            f"{prompt_note} = {longest} tokens vs the model's {positions} positions",
+            key=key,
+            value=longest,
+            threshold=positions,
+        )
+    )
     if context is not None:
-        checks.append(subject.check(
-            "context.rollout-context-len", context <= positions,
-            f"rollout-max-context-len {context} vs the model's {positions} positions",
-            key=subject.arg_key("rollout-max-context-len"), value=context, threshold=positions,
-        ))
+        checks.append(
+            subject.check(
+                "context.rollout-context-len",
+                context <= positions,
+                f"rollout-max-context-len {context} vs the model's {positions} positions",
+                key=subject.arg_key("rollout-max-context-len"),
+                value=context,
+                threshold=positions,
+            )
+        )
     sglang_context = subject.int_arg("sglang-context-length")
     if sglang_context is not None:
-        checks.append(subject.check(
-            "context.sglang-context-length", longest <= sglang_context,
-            f"{prompt_note} = {longest} tokens vs sglang-context-length {sglang_context}: SGLang "
-            "cuts longer sequences",
-            key=subject.arg_key("sglang-context-length"), value=longest, threshold=sglang_context,
-        ))
+        checks.append(
+            subject.check(
+                "context.sglang-context-length",
+                longest <= sglang_context,
+                f"{prompt_note} = {longest} tokens vs sglang-context-length {sglang_context}: SGLang "
+                "cuts longer sequences",
+                key=subject.arg_key("sglang-context-length"),
+                value=longest,
+                threshold=sglang_context,
+            )
+        )
     return checks
 
 
@@ -68,25 +91,43 @@ def batch_checks(subject: Subject) -> list[Check]:
     what = f"rollout-batch-size {rollout} x n-samples-per-prompt {samples} = {per_rollout} samples"
     if steps:
         ok = per_rollout % steps == 0
-        checks.append(subject.check(
-            "batch.steps-per-rollout", ok,
-            f"{what} over num-steps-per-rollout {steps}"
-            + (f": global batch {per_rollout // steps}" if ok else
-               f": miles floors the global batch to {per_rollout // steps} and never trains the "
-               f"last {per_rollout % steps} samples"),
-            key=subject.arg_key("num-steps-per-rollout"), value=per_rollout, threshold=steps,
-        ))
+        checks.append(
+            subject.check(
+                "batch.steps-per-rollout",
+                ok,
+                f"{what} over num-steps-per-rollout {steps}"
+                + (
+                    f": global batch {per_rollout // steps}"
+                    if ok
+                    else f": miles floors the global batch to {per_rollout // steps} and never trains the "
+                    f"last {per_rollout % steps} samples"
+                ),
+                key=subject.arg_key("num-steps-per-rollout"),
+                value=per_rollout,
+                threshold=steps,
+            )
+        )
         if given is not None and given != per_rollout // steps:
-            checks.append(subject.check(
-                "batch.global-batch", False,
-                f"global-batch-size {given} but {what} // num-steps-per-rollout {steps} = "
-                f"{per_rollout // steps}: miles asserts they are equal",
-                key=subject.arg_key("global-batch-size"), value=given, threshold=per_rollout // steps,
-            ))
+            checks.append(
+                subject.check(
+                    "batch.global-batch",
+                    False,
+                    f"global-batch-size {given} but {what} // num-steps-per-rollout {steps} = "
+                    f"{per_rollout // steps}: miles asserts they are equal",
+                    key=subject.arg_key("global-batch-size"),
+                    value=given,
+                    threshold=per_rollout // steps,
+                )
+            )
     elif given is not None:
-        checks.append(subject.check(
-            "batch.global-batch", per_rollout % given == 0,
-            f"{what} in global batches of {given}",
-            key=subject.arg_key("global-batch-size"), value=per_rollout, threshold=given,
-        ))
+        checks.append(
+            subject.check(
+                "batch.global-batch",
+                per_rollout % given == 0,
+                f"{what} in global batches of {given}",
+                key=subject.arg_key("global-batch-size"),
+                value=per_rollout,
+                threshold=given,
+            )
+        )
     return checks

@@ -77,8 +77,13 @@ def load_megatron() -> Megatron:
         warnings.simplefilter("ignore")
         config = import_leaf("megatron.core.transformer.transformer_config", packages)
         micro = import_leaf("megatron.core.num_microbatches_calculator", packages)
-    return Megatron(version("megatron-core"), config.TransformerConfig,
-                    config.MLATransformerConfig, state, micro.ConstantNumMicroBatchesCalculator)
+    return Megatron(
+        version("megatron-core"),
+        config.TransformerConfig,
+        config.MLATransformerConfig,
+        state,
+        micro.ConstantNumMicroBatchesCalculator,
+    )
 
 
 def data_parallel_size(subject: Subject) -> int | None:
@@ -96,63 +101,108 @@ def arithmetic_checks(subject: Subject) -> list[Check]:
     gpus = f"{r.cluster.nodes} nodes x {r.cluster.gpus_per_node} GPUs = {world}"
 
     model_size = p.tp * p.pp * p.cp
-    checks.append(subject.check(
-        "layout.world-size", world % model_size == 0,
-        f"{gpus}; TP {p.tp} x PP {p.pp} x CP {p.cp} = {model_size} must divide it"
-        + (f" (DP {world // model_size})" if world % model_size == 0 else ""),
-        key="parallel", value=world, threshold=model_size,
-    ))
+    checks.append(
+        subject.check(
+            "layout.world-size",
+            world % model_size == 0,
+            f"{gpus}; TP {p.tp} x PP {p.pp} x CP {p.cp} = {model_size} must divide it"
+            + (f" (DP {world // model_size})" if world % model_size == 0 else ""),
+            key="parallel",
+            value=world,
+            threshold=model_size,
+        )
+    )
 
     expert_size = p.etp * p.ep * p.pp
-    checks.append(subject.check(
-        "layout.expert-world-size", world % expert_size == 0,
-        f"{gpus}; ETP {p.etp} x EP {p.ep} x PP {p.pp} = {expert_size} must divide it",
-        key="parallel.ep", value=world, threshold=expert_size,
-    ))
+    checks.append(
+        subject.check(
+            "layout.expert-world-size",
+            world % expert_size == 0,
+            f"{gpus}; ETP {p.etp} x EP {p.ep} x PP {p.pp} = {expert_size} must divide it",
+            key="parallel.ep",
+            value=world,
+            threshold=expert_size,
+        )
+    )
     if m.experts:
-        checks.append(subject.check(
-            "layout.experts-divisible", m.experts % p.ep == 0,
-            f"{m.experts} experts over EP {p.ep}: each expert rank holds the same number",
-            key="parallel.ep", value=m.experts, threshold=p.ep,
-        ))
+        checks.append(
+            subject.check(
+                "layout.experts-divisible",
+                m.experts % p.ep == 0,
+                f"{m.experts} experts over EP {p.ep}: each expert rank holds the same number",
+                key="parallel.ep",
+                value=m.experts,
+                threshold=p.ep,
+            )
+        )
     elif p.ep > 1:
-        checks.append(subject.check(
-            "layout.experts-divisible", False,
-            f"EP {p.ep} on a dense model (model.experts is 0): expert parallelism needs experts",
-            key="parallel.ep", value=0, threshold=p.ep,
-        ))
+        checks.append(
+            subject.check(
+                "layout.experts-divisible",
+                False,
+                f"EP {p.ep} on a dense model (model.experts is 0): expert parallelism needs experts",
+                key="parallel.ep",
+                value=0,
+                threshold=p.ep,
+            )
+        )
 
-    checks.append(subject.check(
-        "layout.heads-divisible", m.attention_heads % p.tp == 0,
-        f"{m.attention_heads} attention heads over TP {p.tp}",
-        key="parallel.tp", value=m.attention_heads, threshold=p.tp,
-    ))
+    checks.append(
+        subject.check(
+            "layout.heads-divisible",
+            m.attention_heads % p.tp == 0,
+            f"{m.attention_heads} attention heads over TP {p.tp}",
+            key="parallel.tp",
+            value=m.attention_heads,
+            threshold=p.tp,
+        )
+    )
     groups = m.kv_heads or m.attention_heads
-    checks.append(subject.check(
-        "layout.query-groups-divisible", groups % p.tp == 0 or p.tp % groups == 0,
-        f"{groups} query groups and TP {p.tp}: one must divide the other",
-        key="model.kv_heads" if m.kv_heads else "parallel.tp", value=groups, threshold=p.tp,
-    ))
+    checks.append(
+        subject.check(
+            "layout.query-groups-divisible",
+            groups % p.tp == 0 or p.tp % groups == 0,
+            f"{groups} query groups and TP {p.tp}: one must divide the other",
+            key="model.kv_heads" if m.kv_heads else "parallel.tp",
+            value=groups,
+            threshold=p.tp,
+        )
+    )
 
     if p.sequence_parallel and p.tp == 1:
-        checks.append(subject.check(
-            "layout.sequence-parallel", False,
-            "sequence parallelism splits along the tensor-parallel group and needs TP > 1",
-            key="parallel.sequence_parallel", value=True, threshold="tp > 1",
-        ))
+        checks.append(
+            subject.check(
+                "layout.sequence-parallel",
+                False,
+                "sequence parallelism splits along the tensor-parallel group and needs TP > 1",
+                key="parallel.sequence_parallel",
+                value=True,
+                threshold="tp > 1",
+            )
+        )
     elif p.ep > 1 and p.tp > 1 and not p.sequence_parallel:
-        checks.append(subject.check(
-            "layout.sequence-parallel", False,
-            f"EP {p.ep} with TP {p.tp} needs sequence parallelism (Megatron warns, MoE token "
-            "dispatch assumes it)", key="parallel.sequence_parallel", severity="warning",
-            value=False, threshold=True,
-        ))
+        checks.append(
+            subject.check(
+                "layout.sequence-parallel",
+                False,
+                f"EP {p.ep} with TP {p.tp} needs sequence parallelism (Megatron warns, MoE token "
+                "dispatch assumes it)",
+                key="parallel.sequence_parallel",
+                severity="warning",
+                value=False,
+                threshold=True,
+            )
+        )
     else:
-        checks.append(subject.check(
-            "layout.sequence-parallel", True,
-            f"sequence_parallel {p.sequence_parallel} with TP {p.tp}",
-            key="parallel.sequence_parallel", value=p.sequence_parallel,
-        ))
+        checks.append(
+            subject.check(
+                "layout.sequence-parallel",
+                True,
+                f"sequence_parallel {p.sequence_parallel} with TP {p.tp}",
+                key="parallel.sequence_parallel",
+                value=p.sequence_parallel,
+            )
+        )
 
     checks.append(_pipeline_split(subject))
     return checks
@@ -161,16 +211,25 @@ def arithmetic_checks(subject: Subject) -> list[Check]:
 def _pipeline_split(subject: Subject) -> Check:
     p, layers = subject.recipe.parallel, subject.recipe.model.layers
     first, last = p.pp_first_stage_layers, p.pp_last_stage_layers
-    set_keys = [k for k, v in (("parallel.pp_first_stage_layers", first),
-                               ("parallel.pp_last_stage_layers", last)) if v is not None]
+    set_keys = [
+        k
+        for k, v in (
+            ("parallel.pp_first_stage_layers", first),
+            ("parallel.pp_last_stage_layers", last),
+        )
+        if v is not None
+    ]
     key = set_keys[0] if set_keys else "parallel.pp"
     if not set_keys:
         ok = layers % p.pp == 0
         return subject.check(
-            "layout.pipeline-split", ok,
+            "layout.pipeline-split",
+            ok,
             f"{layers} layers over PP {p.pp} even stages"
             + ("" if ok else ": not divisible; set pp_first/last_stage_layers for an uneven split"),
-            key=key, value=layers, threshold=p.pp,
+            key=key,
+            value=layers,
+            threshold=p.pp,
         )
     middle_layers = layers - (first or 0) - (last or 0)
     middle_stages = p.pp - len(set_keys)
@@ -184,13 +243,18 @@ def _pipeline_split(subject: Subject) -> Check:
     elif bool(middle_layers) != bool(middle_stages):
         ok, why = False, f"{middle_layers} middle layers for {middle_stages} middle stages"
     elif middle_stages and middle_layers % middle_stages:
-        ok, why = False, f"{middle_layers} middle layers do not divide over {middle_stages} middle stages"
+        ok, why = (
+            False,
+            f"{middle_layers} middle layers do not divide over {middle_stages} middle stages",
+        )
     else:
         ok, why = True, "adds up"
     return subject.check(
-        "layout.pipeline-split", ok,
+        "layout.pipeline-split",
+        ok,
         f"{layers} layers over PP {p.pp}: first + middle + last = {split}: {why}",
-        key=key, value={"first": first, "middle": middle_layers, "last": last, "layers": layers},
+        key=key,
+        value={"first": first, "middle": middle_layers, "last": last, "layers": layers},
         threshold={"pp": p.pp},
     )
 
@@ -235,8 +299,11 @@ def transformer_config_kwargs(subject: Subject, field_names: set[str]) -> dict[s
         **_dtype_flags(subject),
     }
     if m.experts:
-        kwargs |= {"num_moe_experts": m.experts, "moe_ffn_hidden_size": m.moe_ffn_hidden_size,
-                   "moe_router_topk": m.moe_router_topk or 2}
+        kwargs |= {
+            "num_moe_experts": m.experts,
+            "moe_ffn_hidden_size": m.moe_ffn_hidden_size,
+            "moe_router_topk": m.moe_router_topk or 2,
+        }
     flags = {**m.args, **subject.args}
     for flag, field in MEGATRON_FIELDS.items():
         if flag in flags and flags[flag] is not None and flags[flag] is not False:
@@ -246,9 +313,16 @@ def transformer_config_kwargs(subject: Subject, field_names: set[str]) -> dict[s
 
 def _message_key(message: str, subject: Subject) -> str:
     for pattern, key in MESSAGE_KEYS:
-        if re.search(pattern, message, re.I):
-            if key == "parallel.pp_first_stage_layers" and subject.recipe.parallel.pp_first_stage_layers is None:
-                return "parallel.pp_last_stage_layers" if subject.recipe.parallel.pp_last_stage_layers else "parallel.pp"
+        if re.search(pattern, message, re.IGNORECASE):
+            if (
+                key == "parallel.pp_first_stage_layers"
+                and subject.recipe.parallel.pp_first_stage_layers is None
+            ):
+                return (
+                    "parallel.pp_last_stage_layers"
+                    if subject.recipe.parallel.pp_last_stage_layers
+                    else "parallel.pp"
+                )
             return key
     return "parallel"
 
@@ -271,12 +345,20 @@ def megatron_checks(subject: Subject, megatron: Megatron) -> list[Check]:
             warnings.simplefilter("ignore")
             config_cls(**kwargs)
     except Exception as err:  # noqa: BLE001 - every exception megatron raises is a verdict
-        checks.append(subject.check("megatron.transformer-config", False,
-                                    f"{label} rejects the recipe: {_one_line(err)}",
-                                    key=_message_key(str(err), subject)))
+        checks.append(
+            subject.check(
+                "megatron.transformer-config",
+                False,
+                f"{label} rejects the recipe: {_one_line(err)}",
+                key=_message_key(str(err), subject),
+            )
+        )
     else:
-        checks.append(subject.check("megatron.transformer-config", True,
-                                    f"{label} accepts the model shape and layout"))
+        checks.append(
+            subject.check(
+                "megatron.transformer-config", True, f"{label} accepts the model shape and layout"
+            )
+        )
     checks.append(_parallel_state_check(subject, megatron))
     return checks
 
@@ -287,16 +369,24 @@ def _parallel_state_check(subject: Subject, megatron: Megatron) -> Check:
     label = f"megatron-core {megatron.version} initialize_model_parallel (world size {world})"
     error, groups = parallel_state_verdict(megatron, world, p.tp, p.pp, p.cp, p.ep, p.etp)
     if error is not None:
-        return subject.check("megatron.parallel-state", False, f"{label} fails: {error}",
-                             key=_message_key(error, subject))
-    return subject.check("megatron.parallel-state", True,
-                         f"{label}: DP {groups['dp']}, expert DP {groups['expert_dp']}",
-                         value=groups)
+        return subject.check(
+            "megatron.parallel-state",
+            False,
+            f"{label} fails: {error}",
+            key=_message_key(error, subject),
+        )
+    return subject.check(
+        "megatron.parallel-state",
+        True,
+        f"{label}: DP {groups['dp']}, expert DP {groups['expert_dp']}",
+        value=groups,
+    )
 
 
 @cache
-def parallel_state_verdict(megatron: Megatron, world: int, tp: int, pp: int, cp: int, ep: int,
-                           etp: int) -> tuple[str | None, dict[str, int] | None]:
+def parallel_state_verdict(
+    megatron: Megatron, world: int, tp: int, pp: int, cp: int, ep: int, etp: int
+) -> tuple[str | None, dict[str, int] | None]:
     """initialize_model_parallel on rank 0 of a fake process group of the recipe's world size:
     megatron's own world-size, expert-layout and rank-group arithmetic, no GPU, no network.
     Returns (error, None) or (None, group sizes); cached per layout."""
@@ -307,12 +397,17 @@ def parallel_state_verdict(megatron: Megatron, world: int, tp: int, pp: int, cp:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
         state.initialize_model_parallel(
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-            context_parallel_size=cp, expert_model_parallel_size=ep,
-            expert_tensor_parallel_size=etp, create_gloo_process_groups=False,
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            context_parallel_size=cp,
+            expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=etp,
+            create_gloo_process_groups=False,
         )
-        return None, {"dp": state.get_data_parallel_world_size(),
-                      "expert_dp": state.get_expert_data_parallel_world_size()}
+        return None, {
+            "dp": state.get_data_parallel_world_size(),
+            "expert_dp": state.get_expert_data_parallel_world_size(),
+        }
     except Exception as err:  # noqa: BLE001 - every exception megatron raises is a verdict
         return _one_line(err), None
     finally:
@@ -331,10 +426,19 @@ def microbatch_check(subject: Subject, megatron: Megatron, global_batch: int) ->
     try:
         megatron.microbatches_calculator(global_batch, micro, dp, False, 0)
     except Exception as err:  # noqa: BLE001
-        return subject.check("megatron.microbatches", False,
-                             f"megatron-core {megatron.version}: {_one_line(err)}",
-                             key=subject.arg_key("micro-batch-size"),
-                             value=global_batch, threshold=micro * dp)
-    return subject.check("megatron.microbatches", True,
-                         f"global batch {global_batch} = {global_batch // (micro * dp)} micro-batches "
-                         f"of {micro} x DP {dp}", value=global_batch, threshold=micro * dp)
+        return subject.check(
+            "megatron.microbatches",
+            False,
+            f"megatron-core {megatron.version}: {_one_line(err)}",
+            key=subject.arg_key("micro-batch-size"),
+            value=global_batch,
+            threshold=micro * dp,
+        )
+    return subject.check(
+        "megatron.microbatches",
+        True,
+        f"global batch {global_batch} = {global_batch // (micro * dp)} micro-batches "
+        f"of {micro} x DP {dp}",
+        value=global_batch,
+        threshold=micro * dp,
+    )

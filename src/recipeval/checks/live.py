@@ -38,43 +38,76 @@ def live_checks(subject: Subject, found: dict[str, Any]) -> list[Check]:
     checks: list[Check] = []
     devices = _devices(found)
     torch_info = found.get("torch") or {}
-    build = (f"torch {torch_info.get('version')}" if torch_info.get("version")
-             else torch_info.get("error", "torch missing"))
+    build = (
+        f"torch {torch_info.get('version')}"
+        if torch_info.get("version")
+        else torch_info.get("error", "torch missing")
+    )
     here = found.get("platform", "cpu")
     if r.platform == "cpu":
-        checks.append(subject.check("probe.platform", True,
-                                    f"cpu recipe: runs on any machine (this one: {here}, {build})",
-                                    key="platform", value=here))
+        checks.append(
+            subject.check(
+                "probe.platform",
+                True,
+                f"cpu recipe: runs on any machine (this one: {here}, {build})",
+                key="platform",
+                value=here,
+            )
+        )
     else:
         needs = f"{r.cluster.gpus_per_node} x {r.cluster.gpu or 'GPU'} per node ({r.platform})"
         if not devices:
-            why = ("no CUDA/ROCm build" if not (torch_info.get("cuda") or torch_info.get("hip"))
-                   else "no device visible")
-            checks.append(subject.check(
-                "probe.platform", False,
-                f"recipe needs {needs}; this machine has no GPU ({build}: {why}). Run the live "
-                "probe on a node of the target cluster, or use --static here",
-                key="platform", value=here, threshold=r.platform,
-            ))
+            why = (
+                "no CUDA/ROCm build"
+                if not (torch_info.get("cuda") or torch_info.get("hip"))
+                else "no device visible"
+            )
+            checks.append(
+                subject.check(
+                    "probe.platform",
+                    False,
+                    f"recipe needs {needs}; this machine has no GPU ({build}: {why}). Run the live "
+                    "probe on a node of the target cluster, or use --static here",
+                    key="platform",
+                    value=here,
+                    threshold=r.platform,
+                )
+            )
         else:
-            checks.append(subject.check(
-                "probe.platform", here == r.platform,
-                f"recipe platform {r.platform}; this machine: {here} ({build})",
-                key="platform", value=here, threshold=r.platform,
-            ))
-            checks.append(subject.check(
-                "probe.gpu-count", len(devices) >= r.cluster.gpus_per_node,
-                f"recipe needs {r.cluster.gpus_per_node} GPUs per node; this machine has {len(devices)}",
-                key="cluster.gpus_per_node", value=len(devices), threshold=r.cluster.gpus_per_node,
-            ))
+            checks.append(
+                subject.check(
+                    "probe.platform",
+                    here == r.platform,
+                    f"recipe platform {r.platform}; this machine: {here} ({build})",
+                    key="platform",
+                    value=here,
+                    threshold=r.platform,
+                )
+            )
+            checks.append(
+                subject.check(
+                    "probe.gpu-count",
+                    len(devices) >= r.cluster.gpus_per_node,
+                    f"recipe needs {r.cluster.gpus_per_node} GPUs per node; this machine has {len(devices)}",
+                    key="cluster.gpus_per_node",
+                    value=len(devices),
+                    threshold=r.cluster.gpus_per_node,
+                )
+            )
             checks.extend(_trainer_env_checks(subject, found))
             names = sorted({d.get("name") or "?" for d in devices})
             if r.cluster.gpu:
                 ok = all(_norm(r.cluster.gpu) in _norm(n) for n in names)
-                checks.append(subject.check(
-                    "probe.gpu-model", ok, f"recipe GPU {r.cluster.gpu}; this machine: {', '.join(names)}",
-                    key="cluster.gpu", value=names, threshold=r.cluster.gpu,
-                ))
+                checks.append(
+                    subject.check(
+                        "probe.gpu-model",
+                        ok,
+                        f"recipe GPU {r.cluster.gpu}; this machine: {', '.join(names)}",
+                        key="cluster.gpu",
+                        value=names,
+                        threshold=r.cluster.gpu,
+                    )
+                )
     checks.append(_package_check(subject, found))
     checks.append(_ray_check(subject, found.get("ray")))
     return checks
@@ -84,35 +117,51 @@ def _package_check(subject: Subject, found: dict[str, Any]) -> Check:
     versions = found.get("packages") or {}
     needed = ENGINE_PACKAGES.get(subject.recipe.engine, ())
     missing = [p for p in needed if not versions.get(p)]
-    listed = ", ".join(f"{p} {versions.get(p) or 'missing'}" for p in (*needed, "miles") if p in versions)
+    listed = ", ".join(
+        f"{p} {versions.get(p) or 'missing'}" for p in (*needed, "miles") if p in versions
+    )
     return subject.check(
-        "probe.packages", not missing,
+        "probe.packages",
+        not missing,
         f"engine {subject.recipe.engine} needs {', '.join(needed)}"
-        + (f"; missing here: {', '.join(missing)}" if missing else "") + f" ({listed})",
-        key="engine", value={p: versions.get(p) for p in needed},
+        + (f"; missing here: {', '.join(missing)}" if missing else "")
+        + f" ({listed})",
+        key="engine",
+        value={p: versions.get(p) for p in needed},
     )
 
 
 def _ray_check(subject: Subject, ray: dict[str, Any] | None) -> Check:
     if ray is None:
-        return subject.check("probe.ray", True, "RAY_ADDRESS not set: no Ray cluster to probe",
-                             severity="info")
+        return subject.check(
+            "probe.ray", True, "RAY_ADDRESS not set: no Ray cluster to probe", severity="info"
+        )
     address = ray.get("address")
     if not ray.get("reachable"):
-        return subject.check("probe.ray", False,
-                             f"Ray cluster at RAY_ADDRESS={address} unreachable: {ray.get('error')}",
-                             value=address)
+        return subject.check(
+            "probe.ray",
+            False,
+            f"Ray cluster at RAY_ADDRESS={address} unreachable: {ray.get('error')}",
+            value=address,
+        )
     gpus = ray.get("gpus")
     world = subject.recipe.cluster.nodes * subject.recipe.cluster.gpus_per_node
     if gpus is None:
-        return subject.check("probe.ray", True,
-                             f"Ray at {address} answers (Ray {ray.get('ray_version')}); {ray.get('note')}",
-                             severity="info", value=address)
+        return subject.check(
+            "probe.ray",
+            True,
+            f"Ray at {address} answers (Ray {ray.get('ray_version')}); {ray.get('note')}",
+            severity="info",
+            value=address,
+        )
     return subject.check(
-        "probe.ray", gpus >= world,
+        "probe.ray",
+        gpus >= world,
         f"Ray at {address} (Ray {ray.get('ray_version')}, {ray.get('nodes')} nodes) has {gpus:g} GPUs; "
         f"the recipe needs {world}",
-        key="cluster.nodes", value=gpus, threshold=world,
+        key="cluster.nodes",
+        value=gpus,
+        threshold=world,
     )
 
 
@@ -131,17 +180,26 @@ def _trainer_env_checks(subject: Subject, found: dict[str, Any]) -> list[Check]:
             continue
         have = versions.get(name)
         try:
-            fits = have is not None and SpecifierSet(str(spec)).contains(have.split("+")[0], prereleases=True)
+            fits = have is not None and SpecifierSet(str(spec)).contains(
+                have.split("+")[0], prereleases=True
+            )
         except InvalidSpecifier:
             continue
         if not fits:
             differ.append(f"{name} {have or 'missing'} (expected {spec})")
-    runtime = {"rocm": torch_info.get("hip"), "cuda": torch_info.get("cuda")}.get(subject.recipe.platform)
+    runtime = {"rocm": torch_info.get("hip"), "cuda": torch_info.get("cuda")}.get(
+        subject.recipe.platform
+    )
     want = expected.get(subject.recipe.platform)
     if want and not (runtime or "").startswith(str(want)):
         differ.append(f"{subject.recipe.platform} {runtime or 'unknown'} (expected {want})")
-    return [subject.check(
-        "probe.trainer-env", not differ,
-        f"versions vs {path.name}: " + ("; ".join(differ) if differ else "as expected"),
-        key="platform", severity="warning", value=differ or None,
-    )]
+    return [
+        subject.check(
+            "probe.trainer-env",
+            not differ,
+            f"versions vs {path.name}: " + ("; ".join(differ) if differ else "as expected"),
+            key="platform",
+            severity="warning",
+            value=differ or None,
+        )
+    ]

@@ -14,9 +14,22 @@ from recipeval.result import Check
 GB = 1e9
 # Vendor-stated memory per GPU, in GB (1e9 bytes). Unknown models get an info check, not a guess.
 GPU_MEMORY_GB: dict[str, float] = {
-    "MI355X": 288, "MI350X": 288, "MI325X": 256, "MI300X": 192, "MI300A": 128, "MI250X": 128,
-    "H100": 80, "H100-NVL": 94, "H200": 141, "H20": 96, "GH200": 96,
-    "B200": 180, "B300": 288, "GB200": 186, "A100": 80, "L40S": 48,
+    "MI355X": 288,
+    "MI350X": 288,
+    "MI325X": 256,
+    "MI300X": 192,
+    "MI300A": 128,
+    "MI250X": 128,
+    "H100": 80,
+    "H100-NVL": 94,
+    "H200": 141,
+    "H20": 96,
+    "GH200": 96,
+    "B200": 180,
+    "B300": 288,
+    "GB200": 186,
+    "A100": 80,
+    "L40S": 48,
 }
 # Within this fraction of the GPU's memory the plan has no room for activations and
 # fragmentation: a warning, not yet an error.
@@ -69,7 +82,13 @@ def expert_parameters(subject: Subject) -> float:
     if not m.experts or not m.moe_ffn_hidden_size:
         return 0.0
     gated = bool(m.args.get("swiglu"))
-    return _moe_layers(subject) * m.experts * (3 if gated else 2) * m.hidden_size * m.moe_ffn_hidden_size
+    return (
+        _moe_layers(subject)
+        * m.experts
+        * (3 if gated else 2)
+        * m.hidden_size
+        * m.moe_ffn_hidden_size
+    )
 
 
 def train_state(subject: Subject) -> TrainState | None:
@@ -87,15 +106,19 @@ def train_state(subject: Subject) -> TrainState | None:
     opt_b = OPTIMIZER_BYTES.get(optimizer, 12)
     on_gpu = 1.0
     notes = [
-        f"{m.parameters:.3g} parameters, {experts:.3g} in routed experts (sharded by EP x ETP x PP "
-        f"= {p.ep * p.etp * p.pp}), the rest by TP x PP = {p.tp * p.pp}: {per_gpu:.3g} per GPU",
+        (
+            f"{m.parameters:.3g} parameters, {experts:.3g} in routed experts (sharded by EP x ETP x "
+            f"PP = {p.ep * p.etp * p.pp}), the rest by TP x PP = {p.tp * p.pp}: {per_gpu:.3g} per GPU"
+        ),
         f"weights {param_b} B, gradients {grad_b} B, {optimizer} state {opt_b} B per parameter",
     ]
     if subject.flag_on("optimizer-cpu-offload"):
         fraction = _fraction(subject.arg("optimizer-offload-fraction", 1.0))
         fraction = 1.0 if fraction is None else min(max(fraction, 0.0), 1.0)
         on_gpu = 1.0 - fraction
-        notes.append(f"optimizer offload fraction {fraction:g}: {on_gpu:g} of the optimizer state on GPU")
+        notes.append(
+            f"optimizer offload fraction {fraction:g}: {on_gpu:g} of the optimizer state on GPU"
+        )
     if subject.flag_on("use-distributed-optimizer"):
         notes.append("distributed optimizer state not divided by DP (upper bound)")
     notes.append("activations not counted")
@@ -122,48 +145,83 @@ def _train_resident_during_rollout(subject: Subject) -> bool:
 def memory_checks(subject: Subject) -> list[Check]:
     r = subject.recipe
     if r.platform == "cpu" or not r.cluster.gpus_per_node:
-        return [subject.check("memory.gpu-known", True, "CPU recipe: no GPU memory to budget",
-                              severity="info")]
+        return [
+            subject.check(
+                "memory.gpu-known", True, "CPU recipe: no GPU memory to budget", severity="info"
+            )
+        ]
     total_gb = gpu_memory_gb(r.cluster.gpu)
     if total_gb is None:
-        return [subject.check(
-            "memory.gpu-known", False,
-            f"GPU {r.cluster.gpu!r} is not in the memory table ({', '.join(GPU_MEMORY_GB)}); "
-            "memory not budgeted", key="cluster.gpu", severity="info", value=r.cluster.gpu,
-        )]
-    checks = [subject.check("memory.gpu-known", True, f"{r.cluster.gpu}: {total_gb:g} GB per GPU",
-                            severity="info", value=total_gb)]
+        return [
+            subject.check(
+                "memory.gpu-known",
+                False,
+                f"GPU {r.cluster.gpu!r} is not in the memory table ({', '.join(GPU_MEMORY_GB)}); "
+                "memory not budgeted",
+                key="cluster.gpu",
+                severity="info",
+                value=r.cluster.gpu,
+            )
+        ]
+    checks = [
+        subject.check(
+            "memory.gpu-known",
+            True,
+            f"{r.cluster.gpu}: {total_gb:g} GB per GPU",
+            severity="info",
+            value=total_gb,
+        )
+    ]
     state = train_state(subject)
     fraction_flag = "sglang-mem-fraction-static"
     fraction = _fraction(subject.arg(fraction_flag))
     rollout_gb = fraction * total_gb if fraction is not None else None
     if state is None:
-        checks.append(subject.check("memory.train-state", False,
-                                    "model.parameters not set: training memory not budgeted",
-                                    key="model.parameters", severity="info"))
+        checks.append(
+            subject.check(
+                "memory.train-state",
+                False,
+                "model.parameters not set: training memory not budgeted",
+                key="model.parameters",
+                severity="info",
+            )
+        )
         return checks
     train_gb = state.total / GB
     resident = _train_resident_during_rollout(subject) and rollout_gb is not None
     need_gb = train_gb + (rollout_gb if resident else 0.0)
-    parts = (f"training state {train_gb:.1f} GB/GPU (weights {state.param_bytes / GB:.1f}, "
-             f"gradients {state.grad_bytes / GB:.1f}, optimizer {state.optimizer_bytes / GB:.1f})")
+    parts = (
+        f"training state {train_gb:.1f} GB/GPU (weights {state.param_bytes / GB:.1f}, "
+        f"gradients {state.grad_bytes / GB:.1f}, optimizer {state.optimizer_bytes / GB:.1f})"
+    )
     if resident:
-        parts += (f" stays on the GPU during rollout (colocate, no-offload-train) next to SGLang's "
-                  f"static {fraction:g} x {total_gb:g} = {rollout_gb:.1f} GB")
+        parts += (
+            f" stays on the GPU during rollout (colocate, no-offload-train) next to SGLang's "
+            f"static {fraction:g} x {total_gb:g} = {rollout_gb:.1f} GB"
+        )
     message = f"{parts}: {need_gb:.1f} of {total_gb:g} GB. Assumes: {'; '.join(state.assumptions)}"
     key = subject.arg_key(fraction_flag) if resident else "parallel"
     ok, severity = need_gb <= total_gb * NEAR_FULL, "error" if need_gb > total_gb else "warning"
-    checks.append(subject.check(
-        "memory.per-gpu", ok, message if ok else f"{'over budget' if severity == 'error' else 'near full'}: {message}",
-        key=key, severity=severity if not ok else "error", value=round(need_gb, 1),
-        threshold=round(total_gb * (1 if severity == "error" else NEAR_FULL), 1),
-    ))
+    checks.append(
+        subject.check(
+            "memory.per-gpu",
+            ok,
+            message
+            if ok
+            else f"{'over budget' if severity == 'error' else 'near full'}: {message}",
+            key=key,
+            severity=severity if not ok else "error",
+            value=round(need_gb, 1),
+            threshold=round(total_gb * (1 if severity == "error" else NEAR_FULL), 1),
+        )
+    )
     checks.extend(_rollout_weights(subject, total_gb, rollout_gb, fraction_flag))
     return checks
 
 
-def _rollout_weights(subject: Subject, total_gb: float, rollout_gb: float | None,
-                     fraction_flag: str) -> list[Check]:
+def _rollout_weights(
+    subject: Subject, total_gb: float, rollout_gb: float | None, fraction_flag: str
+) -> list[Check]:
     """SGLang's static fraction holds the engine's weights plus the KV cache: the weights alone
     must fit, with room left for KV."""
     m = subject.recipe.model
@@ -173,10 +231,15 @@ def _rollout_weights(subject: Subject, total_gb: float, rollout_gb: float | None
     fp8 = "fp8" in m.name.lower()
     weights_gb = m.parameters * (1 if fp8 else 2) / engine_gpus / GB
     ok = weights_gb < rollout_gb
-    return [subject.check(
-        "memory.rollout-weights", ok,
-        f"SGLang engine over {engine_gpus} GPUs holds {weights_gb:.1f} GB of weights per GPU "
-        f"({'1 B/param: FP8 checkpoint' if fp8 else '2 B/param'}) in its static "
-        f"{rollout_gb:.1f} GB; {'leaves ' + format(rollout_gb - weights_gb, '.1f') + ' GB for the KV cache' if ok else 'no room for the KV cache'}",
-        key=subject.arg_key(fraction_flag), value=round(weights_gb, 1), threshold=round(rollout_gb, 1),
-    )]
+    return [
+        subject.check(
+            "memory.rollout-weights",
+            ok,
+            f"SGLang engine over {engine_gpus} GPUs holds {weights_gb:.1f} GB of weights per GPU "
+            f"({'1 B/param: FP8 checkpoint' if fp8 else '2 B/param'}) in its static "
+            f"{rollout_gb:.1f} GB; {'leaves ' + format(rollout_gb - weights_gb, '.1f') + ' GB for the KV cache' if ok else 'no room for the KV cache'}",
+            key=subject.arg_key(fraction_flag),
+            value=round(weights_gb, 1),
+            threshold=round(rollout_gb, 1),
+        )
+    ]

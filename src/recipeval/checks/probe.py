@@ -17,8 +17,18 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Any
 
-PACKAGES = ("torch", "sglang", "megatron-core", "ray", "transformers", "transformer-engine",
-            "flash-attn", "triton", "nvidia-ml-py", "amdsmi")
+PACKAGES = (
+    "torch",
+    "sglang",
+    "megatron-core",
+    "ray",
+    "transformers",
+    "transformer-engine",
+    "flash-attn",
+    "triton",
+    "nvidia-ml-py",
+    "amdsmi",
+)
 RAY_TIMEOUT_S = 30
 
 
@@ -31,8 +41,13 @@ def _version(name: str) -> str | None:
 
 def _git_revision(path: Path) -> str | None:
     try:
-        proc = subprocess.run(["git", "-C", str(path), "rev-parse", "--short=12", "HEAD"],
-                              capture_output=True, text=True, timeout=5, check=False)
+        proc = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() or None
@@ -55,8 +70,12 @@ def torch_gpus() -> dict[str, Any]:
         import torch
     except ImportError as err:
         return {"error": f"torch not importable: {err}"}
-    info: dict[str, Any] = {"version": torch.__version__, "cuda": torch.version.cuda,
-                            "hip": getattr(torch.version, "hip", None), "devices": []}
+    info: dict[str, Any] = {
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "devices": [],
+    }
     try:
         available = torch.cuda.is_available()
         count = torch.cuda.device_count() if available else 0
@@ -65,10 +84,14 @@ def torch_gpus() -> dict[str, Any]:
         return info
     for index in range(count):
         props = torch.cuda.get_device_properties(index)
-        info["devices"].append({"index": index, "name": props.name,
-                                "memory_bytes": int(props.total_memory),
-                                "arch": props.gcnArchName if info["hip"]
-                                else f"sm_{props.major}{props.minor}"})
+        info["devices"].append(
+            {
+                "index": index,
+                "name": props.name,
+                "memory_bytes": int(props.total_memory),
+                "arch": props.gcnArchName if info["hip"] else f"sm_{props.major}{props.minor}",
+            }
+        )
     return info
 
 
@@ -85,11 +108,19 @@ def nvml_info() -> dict[str, Any] | None:
             for index in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
                 name = pynvml.nvmlDeviceGetName(handle)
-                devices.append({"index": index, "name": name.decode() if isinstance(name, bytes) else name,
-                                "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)})
+                devices.append(
+                    {
+                        "index": index,
+                        "name": name.decode() if isinstance(name, bytes) else name,
+                        "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                    }
+                )
             driver = pynvml.nvmlSystemGetDriverVersion()
-            return {"driver": driver.decode() if isinstance(driver, bytes) else driver,
-                    "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}", "devices": devices}
+            return {
+                "driver": driver.decode() if isinstance(driver, bytes) else driver,
+                "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}",
+                "devices": devices,
+            }
         finally:
             pynvml.nvmlShutdown()
     except Exception as err:  # noqa: BLE001 - NVML errors vary by driver; report, never crash
@@ -109,7 +140,9 @@ def amdsmi_info() -> dict[str, Any] | None:
             for index, handle in enumerate(amdsmi.amdsmi_get_processor_handles()):
                 asic = amdsmi.amdsmi_get_gpu_asic_info(handle)
                 memory = amdsmi.amdsmi_get_gpu_memory_total(handle, amdsmi.AmdSmiMemoryType.VRAM)
-                devices.append({"index": index, "name": asic.get("market_name"), "memory_bytes": int(memory)})
+                devices.append(
+                    {"index": index, "name": asic.get("market_name"), "memory_bytes": int(memory)}
+                )
                 driver = driver or amdsmi.amdsmi_get_gpu_driver_info(handle).get("driver_version")
             return {"driver": driver, "devices": devices}
         finally:
@@ -163,20 +196,34 @@ def ray_cluster(address: str | None) -> dict[str, Any] | None:
         try:
             socket.create_connection(target, timeout=5).close()
         except OSError as err:
-            return {"address": address, "reachable": False,
-                    "error": f"cannot connect to {target[0]}:{target[1]}: {err.strerror or err}"}
+            return {
+                "address": address,
+                "reachable": False,
+                "error": f"cannot connect to {target[0]}:{target[1]}: {err.strerror or err}",
+            }
     try:
-        proc = subprocess.run([sys.executable, "-c", _RAY_SCRIPT, address], capture_output=True,
-                              text=True, timeout=RAY_TIMEOUT_S, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-c", _RAY_SCRIPT, address],
+            capture_output=True,
+            text=True,
+            timeout=RAY_TIMEOUT_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
-        return {"address": address, "reachable": False,
-                "error": f"no answer within {RAY_TIMEOUT_S} s"}
+        return {
+            "address": address,
+            "reachable": False,
+            "error": f"no answer within {RAY_TIMEOUT_S} s",
+        }
     lines = proc.stdout.strip().splitlines()
     if proc.returncode == 0 and lines:
         return {"address": address, **json.loads(lines[-1])}
     errors = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-    return {"address": address, "reachable": False,
-            "error": (errors[-1] if errors else f"exit {proc.returncode}")[:300]}
+    return {
+        "address": address,
+        "reachable": False,
+        "error": (errors[-1] if errors else f"exit {proc.returncode}")[:300],
+    }
 
 
 def machine_platform(gpus: dict[str, Any]) -> str:

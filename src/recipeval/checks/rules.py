@@ -111,7 +111,9 @@ def read_bool(base: RuleBase, name: str, value: str | None) -> bool | None:
         try:
             return bool(int(raw))
         except ValueError:
-            raise Unreadable(f"{name}={raw!r} is not an integer; the program calls int() on it") from None
+            raise Unreadable(
+                f"{name}={raw!r} is not an integer; the program calls int() on it"
+            ) from None
     lowered = raw.lower()
     if lowered in reader.truthy:
         return True
@@ -134,21 +136,34 @@ def env_value_checks(subject: Subject, base: RuleBase) -> list[Check]:
         try:
             read = read_bool(base, name, value)
         except Unreadable as err:
-            checks.append(subject.check("env.value-readable", False, f"{err}: the job would crash",
-                                        key=key, value=value))
+            checks.append(
+                subject.check(
+                    "env.value-readable", False, f"{err}: the job would crash", key=key, value=value
+                )
+            )
             continue
         recognised = reader.integer or value.lower() in reader.truthy + reader.falsy
         if not recognised:
             fallback = "its default" if reader.invalid == "default" else "false"
-            checks.append(subject.check(
-                "env.value-readable", False,
-                f"{name}={value!r} is not a boolean {var.reader} reads ({'/'.join(reader.truthy)} or "
-                f"{'/'.join(reader.falsy)}); it falls back to {fallback} ({read})",
-                key=key, severity="warning", value=value,
-            ))
+            checks.append(
+                subject.check(
+                    "env.value-readable",
+                    False,
+                    f"{name}={value!r} is not a boolean {var.reader} reads ({'/'.join(reader.truthy)} or "
+                    f"{'/'.join(reader.falsy)}); it falls back to {fallback} ({read})",
+                    key=key,
+                    severity="warning",
+                    value=value,
+                )
+            )
     if not any(not c.ok for c in checks):
-        checks.append(subject.check("env.value-readable", True,
-                                    "every known boolean variable has a value its program reads"))
+        checks.append(
+            subject.check(
+                "env.value-readable",
+                True,
+                "every known boolean variable has a value its program reads",
+            )
+        )
     return checks
 
 
@@ -191,10 +206,15 @@ def _holds(cond: Condition, value: Any, as_bool: bool | None, subject: Subject) 
     return all(tests)
 
 
-def _env_matches(rule_name: str, cond: Condition, subject: Subject, base: RuleBase) -> list[str] | None:
+def _env_matches(
+    rule_name: str, cond: Condition, subject: Subject, base: RuleBase
+) -> list[str] | None:
     """Names (the matched ones for a glob) for which the condition holds; None if it does not."""
-    names = ([n for n in subject.env if fnmatch.fnmatchcase(n, rule_name)]
-             if any(c in rule_name for c in "*?[") else [rule_name])
+    names = (
+        [n for n in subject.env if fnmatch.fnmatchcase(n, rule_name)]
+        if any(c in rule_name for c in "*?[")
+        else [rule_name]
+    )
     if not names:
         return [] if cond.set is False else None
     hits = []
@@ -213,7 +233,8 @@ def evaluate(rule: Rule, subject: Subject, base: RuleBase) -> Check:
     when = rule.when
     recipe = subject.recipe
     applies = (when.platform is None or recipe.platform in when.platform) and (
-        when.engine is None or recipe.engine in when.engine)
+        when.engine is None or recipe.engine in when.engine
+    )
     matched_env: dict[str, list[str]] = {}
     if applies:
         for name, cond in when.env.items():
@@ -233,15 +254,26 @@ def evaluate(rule: Rule, subject: Subject, base: RuleBase) -> Check:
     if section == "env":
         names = matched_env.get(name) or [name]
         key = subject.env_key(names[0])
-        value = {n: subject.env.get(n) for n in names} if len(names) > 1 else subject.env.get(names[0])
+        value = (
+            {n: subject.env.get(n) for n in names} if len(names) > 1 else subject.env.get(names[0])
+        )
     else:
         key, value = subject.arg_key(name), subject.arg(name)
     if not applies:
-        return subject.check(f"rule.{rule.id}", True, f"does not apply: {describe(when)}",
-                             key=key, severity=rule.severity)
+        return subject.check(
+            f"rule.{rule.id}",
+            True,
+            f"does not apply: {describe(when)}",
+            key=key,
+            severity=rule.severity,
+        )
     return subject.check(
-        f"rule.{rule.id}", False, f"{rule.message}. Fix: {rule.fix}. Ref: {rule.reference}",
-        key=key, severity=rule.severity, value=value,
+        f"rule.{rule.id}",
+        False,
+        f"{rule.message}. Fix: {rule.fix}. Ref: {rule.reference}",
+        key=key,
+        severity=rule.severity,
+        value=value,
     )
 
 

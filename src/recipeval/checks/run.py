@@ -53,8 +53,9 @@ def load_all(paths: list[Path], stage: str | None) -> tuple[list[LoadedRecipe], 
     return loaded, bad
 
 
-def _prepare(subjects: list[Subject], checker: FlagChecker | None
-             ) -> tuple[_Validators, dict[int, dict[str, list[str]]]]:
+def _prepare(
+    subjects: list[Subject], checker: FlagChecker | None
+) -> tuple[_Validators, dict[int, dict[str, list[str]]]]:
     """Import megatron-core while SGLang's worker imports, then collect SGLang's verdicts."""
     validators = _Validators()
     miles = [i for i, s in enumerate(subjects) if s.recipe.engine == "miles"]
@@ -69,8 +70,9 @@ def _prepare(subjects: list[Subject], checker: FlagChecker | None
             validators.timings["megatron_import_s"] = round(time.perf_counter() - start, 2)
         if checker is not None and any(flags.values()):
             start = time.perf_counter()
-            validators.sglang = checker.judge({f"{i}:{flag}": words for i, fl in flags.items()
-                                               for flag, words in fl.items()})
+            validators.sglang = checker.judge(
+                {f"{i}:{flag}": words for i, fl in flags.items() for flag, words in fl.items()}
+            )
             validators.timings["sglang_wait_s"] = round(time.perf_counter() - start, 2)
     finally:
         if checker is not None:
@@ -78,16 +80,22 @@ def _prepare(subjects: list[Subject], checker: FlagChecker | None
     return validators, flags
 
 
-def static_checks(subject: Subject, validators: _Validators, flags: dict[str, list[str]] | None,
-                  index: int) -> list[Check]:
+def static_checks(
+    subject: Subject, validators: _Validators, flags: dict[str, list[str]] | None, index: int
+) -> list[Check]:
     checks = layout.arithmetic_checks(subject)
     if subject.recipe.engine == "miles":
         if validators.megatron is not None:
             checks += layout.megatron_checks(subject, validators.megatron)
         else:
-            checks.append(subject.check("megatron.available", False,
-                                        f"megatron-core not importable ({validators.megatron_error}); "
-                                        "install it: pip install 'recipeval[checks]'"))
+            checks.append(
+                subject.check(
+                    "megatron.available",
+                    False,
+                    f"megatron-core not importable ({validators.megatron_error}); "
+                    "install it: pip install 'recipeval[checks]'",
+                )
+            )
         if flags:
             checks += flag_checks(subject, flags, validators.sglang, f"{index}:")
     try:
@@ -116,8 +124,9 @@ def _summary(checks: list[Check]) -> dict[str, Any]:
     }
 
 
-def build_result(subject: Subject, checks: list[Check], template: Provenance, static: bool,
-                 extra: dict[str, Any]) -> StageResult:
+def build_result(
+    subject: Subject, checks: list[Check], template: Provenance, static: bool, extra: dict[str, Any]
+) -> StageResult:
     """`template`: provenance shared by the recipes of one call (packages, host, revision)."""
     unjudged = [c for c in checks if not c.ok and c.id in UNJUDGED]
     status = "error" if unjudged else status_from_checks(checks)
@@ -126,18 +135,36 @@ def build_result(subject: Subject, checks: list[Check], template: Provenance, st
     if unjudged:
         message = unjudged[0].message
     elif errors:
-        message = f"{len(errors)} error(s): " + "; ".join(f"{c.id}: {c.message}" for c in errors[:3])
+        message = f"{len(errors)} error(s): " + "; ".join(
+            f"{c.id}: {c.message}" for c in errors[:3]
+        )
     else:
         message = f"no error; {summary['warnings']} warning(s)"
-    prov = template.model_copy(update={
-        "recipe": subject.recipe.name, "recipe_path": str(subject.loaded.path),
-        "recipe_sha256": subject.loaded.sha256, "finished": now_iso()})
-    return StageResult(stage=STAGE, recipe=subject.recipe.name, status=status, checks=checks,
-                       summary=summary, provenance=prov, message=message)
+    prov = template.model_copy(
+        update={
+            "recipe": subject.recipe.name,
+            "recipe_path": str(subject.loaded.path),
+            "recipe_sha256": subject.loaded.sha256,
+            "finished": now_iso(),
+        }
+    )
+    return StageResult(
+        stage=STAGE,
+        recipe=subject.recipe.name,
+        status=status,
+        checks=checks,
+        summary=summary,
+        provenance=prov,
+        message=message,
+    )
 
 
-def env_check(paths: list[Path], static: bool = True, stage: str | None = None,
-              found: dict[str, Any] | None = None) -> Outcome:
+def env_check(
+    paths: list[Path],
+    static: bool = True,
+    stage: str | None = None,
+    found: dict[str, Any] | None = None,
+) -> Outcome:
     """Check every recipe; `found` is a probe already taken (else one is taken when not static)."""
     started = now_iso()
     # SGLang's worker starts before anything else: its import is the longest single step and
@@ -178,21 +205,27 @@ def output_paths(results: list[StageResult], out: Path) -> list[Path]:
     DIR/<recipe>/env_check.json (several)."""
     if out.suffix == ".json":
         if len(results) > 1:
-            raise ValueError(f"--out {out}: a .json file holds one recipe's result; give a folder "
-                             f"for {len(results)} recipes")
+            raise ValueError(
+                f"--out {out}: a .json file holds one recipe's result; give a folder "
+                f"for {len(results)} recipes"
+            )
         return [out]
     if len(results) == 1:
         return [out / f"{STAGE}.json"]
     names = [r.recipe for r in results]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(f"recipes share the name {', '.join(duplicates)}: their results would "
-                         "overwrite each other in --out; check them in separate calls")
+        raise ValueError(
+            f"recipes share the name {', '.join(duplicates)}: their results would "
+            "overwrite each other in --out; check them in separate calls"
+        )
     return [out / r.recipe / f"{STAGE}.json" for r in results]
 
 
 def report_lines(result: StageResult) -> list[str]:
-    lines = [f"{STAGE} {result.status}: {result.recipe}: {result.message.splitlines()[0] if result.message else ''}"]
+    lines = [
+        f"{STAGE} {result.status}: {result.recipe}: {result.message.splitlines()[0] if result.message else ''}"
+    ]
     for check in result.checks:
         if not check.ok and check.severity != "info":
             lines.append(f"  {check.severity.upper():7} {check.id}: {check.message}")
@@ -202,11 +235,13 @@ def report_lines(result: StageResult) -> list[str]:
 def write_outputs(outcome: Outcome, out: Path) -> list[Path]:
     paths = output_paths(outcome.results, out)
     for result, path in zip(outcome.results, paths):
-        write_result(result, path)
         log = path.with_suffix(".log")
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = log.with_name(f".{log.name}.tmp")
         tmp.write_text("\n".join(report_lines(result)) + "\n")
         tmp.replace(log)
+        result.artifacts["log"] = str(log)
+        write_result(result, path)
     return paths
 
 

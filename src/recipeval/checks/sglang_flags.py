@@ -26,10 +26,16 @@ if TYPE_CHECKING:
     from recipeval.result import Check
 
 # miles' own `--sglang-*` flags (router, concurrency, deployment config): not SGLang's.
-MILES_OWN_FLAGS = frozenset({
-    "sglang-router-ip", "sglang-router-port", "sglang-router-policy",
-    "sglang-router-request-timeout-secs", "sglang-server-concurrency", "sglang-config",
-})
+MILES_OWN_FLAGS = frozenset(
+    {
+        "sglang-router-ip",
+        "sglang-router-port",
+        "sglang-router-policy",
+        "sglang-router-request-timeout-secs",
+        "sglang-server-concurrency",
+        "sglang-config",
+    }
+)
 # SGLang requires a model; miles passes its checkpoint itself, so any path stands in for it.
 MODEL_PLACEHOLDER = ["--model-path", "recipe-model"]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -70,8 +76,12 @@ class FlagChecker:
     def __init__(self) -> None:
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "recipeval.checks.sglang_flags"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            [sys.executable, "-m", "recipeval.checks.sglang_flags"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
 
     def judge(self, flags: dict[str, list[str]], timeout: float = 120) -> FlagReport:
@@ -85,7 +95,9 @@ class FlagChecker:
             answer = json.loads(out.strip().splitlines()[-1])
         except (json.JSONDecodeError, IndexError):
             tail = " ".join((err or out).strip().splitlines()[-1:])[:300]
-            return FlagReport(None, {}, f"SGLang flag worker failed (exit {self._proc.returncode}): {tail}")
+            return FlagReport(
+                None, {}, f"SGLang flag worker failed (exit {self._proc.returncode}): {tail}"
+            )
         if "import_error" in answer:
             return FlagReport(None, {}, answer["import_error"])
         verdicts = {k: FlagVerdict(v["error"], v["notes"]) for k, v in answer["results"].items()}
@@ -97,12 +109,17 @@ class FlagChecker:
             self._proc.communicate()
 
 
-def flag_checks(subject: Subject, flags: dict[str, list[str]], report: FlagReport,
-                prefix: str) -> list[Check]:
+def flag_checks(
+    subject: Subject, flags: dict[str, list[str]], report: FlagReport, prefix: str
+) -> list[Check]:
     """One check per flag SGLang rejects (unknown flag, wrong type, value not among its
     choices), a warning per flag it calls deprecated, and one passing summary."""
     if report.failure:
-        return [subject.check("sglang.flags", False, f"could not judge --sglang-* flags: {report.failure}")]
+        return [
+            subject.check(
+                "sglang.flags", False, f"could not judge --sglang-* flags: {report.failure}"
+            )
+        ]
     checks = []
     label = f"SGLang {report.version} ServerArgs"
     for flag, words in flags.items():
@@ -111,23 +128,37 @@ def flag_checks(subject: Subject, flags: dict[str, list[str]], report: FlagRepor
         shown = " ".join(words)
         if verdict.error:
             unknown = verdict.error.startswith("unrecognized arguments")
-            checks.append(subject.check(
-                "sglang.unknown-flag" if unknown else "sglang.bad-value", False,
-                f"--{flag} (SGLang `{shown}`): {label} rejects it: {verdict.error[:300]}",
-                key=key, value=words[1:] or True,
-            ))
+            checks.append(
+                subject.check(
+                    "sglang.unknown-flag" if unknown else "sglang.bad-value",
+                    False,
+                    f"--{flag} (SGLang `{shown}`): {label} rejects it: {verdict.error[:300]}",
+                    key=key,
+                    value=words[1:] or True,
+                )
+            )
         elif "deprecated" in verdict.notes.lower():
-            checks.append(subject.check(
-                "sglang.deprecated-flag", False, f"--{flag}: {verdict.notes[:300]}",
-                key=key, severity="warning", value=words[1:] or True,
-            ))
+            checks.append(
+                subject.check(
+                    "sglang.deprecated-flag",
+                    False,
+                    f"--{flag}: {verdict.notes[:300]}",
+                    key=key,
+                    severity="warning",
+                    value=words[1:] or True,
+                )
+            )
     if not any(c.severity == "error" for c in checks):
-        checks.append(subject.check(
-            "sglang.flags", True,
-            f"{len(flags)} --sglang-* flags accepted by {label}: " + ", ".join(flags) if flags
-            else "no --sglang-* flags to check",
-            value=len(flags),
-        ))
+        checks.append(
+            subject.check(
+                "sglang.flags",
+                True,
+                f"{len(flags)} --sglang-* flags accepted by {label}: " + ", ".join(flags)
+                if flags
+                else "no --sglang-* flags to check",
+                value=len(flags),
+            )
+        )
     return checks
 
 
@@ -169,7 +200,11 @@ def serve() -> int:
             parser = _parser()
         sglang_version = version("sglang")
     except Exception as err:  # noqa: BLE001 - reported to the parent as "could not judge"
-        print(json.dumps({"import_error": f"cannot import SGLang's ServerArgs: {type(err).__name__}: {err}"}))
+        print(
+            json.dumps(
+                {"import_error": f"cannot import SGLang's ServerArgs: {type(err).__name__}: {err}"}
+            )
+        )
         return 0
     request = json.loads(sys.stdin.read() or "{}")
     results = {}

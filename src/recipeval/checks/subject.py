@@ -75,11 +75,25 @@ class Subject:
         return f"{file}:{line}"
 
     def check(
-        self, id: str, ok: bool, message: str, *, key: str | None = None,
-        severity: Severity = "error", value: Any = None, threshold: Any = None,
+        self,
+        id: str,
+        ok: bool,
+        message: str,
+        *,
+        key: str | None = None,
+        severity: Severity = "error",
+        value: Any = None,
+        threshold: Any = None,
     ) -> Check:
         """A Check; a failing one's message ends with the file:line that set `key`."""
         if not ok and key:
             message = f"{message} [{key} at {self.where(key)}]"
-        return Check(id=id, ok=ok, severity=severity, message=message, key=key, value=value,
-                     threshold=threshold)
+        return Check(
+            id=id,
+            ok=ok,
+            severity=severity,
+            message=message,
+            key=key,
+            value=value,
+            threshold=threshold,
+        )
