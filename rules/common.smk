@@ -80,6 +80,11 @@ def recipe_table(selection):
         rows[row.name] = row
     if problems:
         raise WorkflowError("invalid recipes:\n" + "\n".join(problems))
+    if not rows:
+        raise WorkflowError(
+            f"no recipe files selected: config recipes is {dict(selection)} "
+            f"(relative to {os.getcwd()})"
+        )
     return rows
 
 
