@@ -174,3 +174,47 @@ def test_ray_runner_pass_and_crash(tmp_path, monkeypatch):
     finally:
         ray_head.shared_head_down(state)
     shutil.rmtree(state, ignore_errors=True)
+
+
+# --- the tiny reference recipe, end to end through the CLI --------------------------------
+
+def _no_process_names(text: str) -> bool:
+    return not [p for p in psutil.process_iter(["cmdline"]) if text in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runner", ["local", "ray"])
+def test_tiny_recipe_smoke_passes(cli, tmp_path, runner):
+    proc = cli("smoke", str(TINY_RECIPE), "--out", str(tmp_path), "--runner", runner, timeout=900)
+    result = smoke_json(tmp_path)
+    assert proc.returncode == 0, result["message"]
+    assert result["status"] == "pass"
+    assert result["summary"]["runner"] == runner and result["summary"]["rollouts_parsed"] == 3
+    if runner == "ray":
+        info = result["summary"]["runner_info"]
+        assert info["head"] == "private"
+        assert _no_process_names(info["ray_temp_dir"]), "the private head was stopped"
+
+
+def hostile_recipe(tmp_path: Path) -> tuple[Path, Path]:
+    """The tiny recipe with values shaped like shell injections in args and env."""
+    marker = tmp_path / "pwned"
+    raw = yaml.safe_load(TINY_RECIPE.read_text())
+    raw["args"]["rollout-dtype"] = f'"; touch {marker}1 #'
+    raw["args"]["attn-implementation"] = f"$(touch {marker}2)"
+    raw["env"] = {"RECIPEVAL_NOTE": f"`touch {marker}3`"}
+    path = tmp_path / "hostile.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path, marker
+
+
+@pytest.mark.parametrize("runner", ["local", pytest.param("ray", marks=pytest.mark.slow)])
+def test_hostile_recipe_values_reach_the_engine_as_plain_words(cli, tmp_path, runner):
+    recipe, marker = hostile_recipe(tmp_path)
+    out = tmp_path / "out"
+    proc = cli("smoke", str(recipe), "--out", str(out), "--runner", runner, timeout=600)
+    assert proc.returncode == 3  # the engine rejects the value: a crash, judged as error
+    log = (out / "smoke.log").read_text()
+    # argparse quotes the value it got: the exact word, not something a shell made of it
+    assert f"invalid choice: '\"; touch {marker}1 #'" in log or f"invalid choice: '$(touch {marker}2)'" in log
+    assert not list(tmp_path.glob("pwned*"))

@@ -44,24 +44,23 @@ class RayRunner(Runner):
     def __init__(self, address: str | None = None, grace: float = STOP_GRACE_S) -> None:
         self.grace = grace
         self._private_head: ray_head.HeadState | None = None
+        self._shared_head: ray_head.HeadState | None = None
         self.address = address or os.environ.get("RAY_ADDRESS") or self._embedded_address()
 
     def _embedded_address(self) -> str:
         state_dir = os.environ.get(ray_head.STATE_DIR_ENV)
         if state_dir:
-            return ray_head.shared_head(Path(state_dir)).dashboard
+            self._shared_head = ray_head.shared_head(Path(state_dir))
+            return self._shared_head.dashboard
         private_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"recipeval-ray-{os.getuid()}"
         self._private_head = ray_head.start_head(private_dir)
         return self._private_head.dashboard
 
     def describe(self) -> dict[str, object]:
-        if self._private_head is not None:
-            head = "private"
-        elif os.environ.get("RAY_ADDRESS") and self.address == os.environ["RAY_ADDRESS"]:
-            head = "external"
-        else:
-            head = "shared"
-        return {"runner": self.name, "address": self.address, "head": head}
+        own = self._private_head or self._shared_head
+        head = "private" if self._private_head else "shared" if self._shared_head else "external"
+        return {"runner": self.name, "address": self.address, "head": head,
+                "ray_temp_dir": own.temp_dir if own else None}
 
     def close(self) -> None:
         if self._private_head is not None:

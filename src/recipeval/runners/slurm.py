@@ -60,7 +60,7 @@ class SlurmRunner(RayRunner):
         join_timeout: float = JOIN_TIMEOUT_S,
     ) -> None:
         environ = dict(os.environ if environ is None else environ)
-        self._private_head = None
+        self._private_head = self._shared_head = None
         self.workers: list[subprocess.Popen] = []
         self._head: ray_head.HeadState | None = None
         if not in_allocation(environ):
