@@ -291,6 +291,17 @@ def test_missing_validator_means_could_not_judge(tmp_path):
     assert exit_code(Outcome(results=[result]), exit_zero=False) == 3
 
 
+def test_sglang_parser_missing_means_could_not_judge(tmp_path):
+    from recipeval.checks.sglang_flags import FlagReport, sglang_words
+
+    subject = _subject(tmp_path, "")
+    flags = sglang_words(subject.args)
+    validators = _Validators(sglang=FlagReport(None, {}, "cannot import SGLang's ServerArgs"))
+    checks = static_checks(subject, validators, flags, 0)
+    result = build_result(subject, checks, provenance("", "", "env_check"), True, {})
+    assert result.status == "error" and "envs/sglang-cpu.txt" in result.message
+
+
 def test_live_probe_passes_cpu_recipe(machine):
     assert machine["platform"] == "cpu"
     checks = live.live_checks(Subject.of(load_recipe(TINY_RECIPE), None), machine)

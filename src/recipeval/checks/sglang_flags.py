@@ -117,7 +117,9 @@ def flag_checks(
     if report.failure:
         return [
             subject.check(
-                "sglang.flags", False, f"could not judge --sglang-* flags: {report.failure}"
+                "sglang.flags",
+                False,
+                f"could not judge --sglang-* flags: {report.failure} (install SGLang's parser: pip install --no-deps -r envs/sglang-cpu.txt)",
             )
         ]
     checks = []
