@@ -1,7 +1,11 @@
 """The task: two-digit addition with a zero-padded three-digit answer, and its rule-based reward.
 
 Prompt `<bos>07+45=` (always PROMPT_TOKENS tokens, so a batch needs no padding), answer `052`
-then EOS. Reward = characters of the answer matched at their position, divided by the longer of
+then EOS. The warm start learns from imperfect demonstrations: with probability UNPADDED_DEMOS an
+answer is written without its leading zeros (`52`, which scores 0), as SFT data mixes styles.
+The policy then keeps a prompt-independent format mistake that GRPO can remove, so reward
+visibly rises within a few dozen steps even for a tiny model (learning more arithmetic would
+take far longer). Reward = characters of the answer matched at their position, divided by the longer of
 answer and response (exact answer: 1.0; `05` : 2/3; `0521`: 3/4), so a person can check any
 number by hand and partial progress is visible to GRPO.
 """
@@ -11,10 +15,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from recipeval.engines.reference.tokenizer import BOS_ID, EOS_ID, decode_until_eos, encode
+from recipeval.engines.reference.tokenizer import BOS_ID, EOS_ID, PAD_ID, decode_until_eos, encode
 
 PROMPT_TOKENS = 7  # <bos> d d + d d =
-TASK_NAME = "add2-pad3-v1"
+TASK_NAME = "add2-pad3-v3"
+UNPADDED_DEMOS = 0.5
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,13 @@ class Problem:
 
     def answer_ids(self) -> list[int]:
         return [*encode(self.answer), EOS_ID]
+
+    def demonstration_ids(self, rng: random.Random) -> list[int]:
+        """Prompt + a demonstration (see UNPADDED_DEMOS) + EOS, right-padded to the answer's
+        full length so a batch stays rectangular (padding is never attended by earlier tokens)."""
+        answer = self.answer.lstrip("0") or "0" if rng.random() < UNPADDED_DEMOS else self.answer
+        ids = [*self.prompt_ids(), *encode(answer), EOS_ID]
+        return ids + [PAD_ID] * (PROMPT_TOKENS + len(self.answer) + 1 - len(ids))
 
 
 def problems(seed: int, stream: str, index: int, count: int) -> list[Problem]:

@@ -5,8 +5,8 @@ every token; then logprobs are all about -log(vocab), any two compute paths agre
 a logprob check passes whatever the bug. A non-flat init (larger weight scale) fixes the
 flatness but gives an arbitrary, unnatural distribution: rewards stay at zero so GRPO has no
 signal, and the spread of logprobs looks nothing like a real policy's. A few hundred steps of
-teacher forcing on the task's own (prompt, answer) pairs give what production RL starts from, an
-SFT'd model: peaked, task-shaped distributions (entropy well below uniform), partial accuracy
+teacher forcing on imperfect demonstrations of the task (task.py) give what production RL starts
+from, an SFT'd model: peaked, task-shaped distributions (entropy well below uniform), partial accuracy
 (rewards between 0 and 1 with spread inside each group, so advantages are non-zero), and room
 for RL to improve. It costs seconds on the tiny CPU model and the result is cached in
 `--cache-dir` under a hash of everything that determines it (model shape, base config, task,
@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -32,6 +33,7 @@ from recipeval.engines.reference.config import EngineConfig
 from recipeval.engines.reference.logfmt import MAIN
 from recipeval.engines.reference.modeling import BASE_CONFIG, build_model
 from recipeval.engines.reference.task import PROMPT_TOKENS, TASK_NAME, problems
+from recipeval.engines.reference.tokenizer import PAD_ID
 
 logger = logging.getLogger(MAIN)
 CACHE_FORMAT = 1
@@ -70,9 +72,12 @@ def initial_state(config: EngineConfig, device: torch.device) -> dict[str, torch
     return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
 
 
-def _batch(config: EngineConfig, index: int) -> torch.Tensor:
+def _batch(config: EngineConfig, index: int, clean: bool = False) -> torch.Tensor:
     batch = problems(config.seed, "warmstart", index, config.warm_start_batch_size)
-    return torch.tensor([p.prompt_ids() + p.answer_ids() for p in batch])
+    if clean:
+        return torch.tensor([p.prompt_ids() + p.answer_ids() for p in batch])
+    rng = random.Random(f"{config.seed}/demonstrations/{index}")
+    return torch.tensor([p.demonstration_ids(rng) for p in batch])
 
 
 def _supervise(model: torch.nn.Module, config: EngineConfig, device: torch.device) -> float:
@@ -84,14 +89,16 @@ def _supervise(model: torch.nn.Module, config: EngineConfig, device: torch.devic
             ids = _batch(config, step).to(device)
             logits = model(input_ids=ids).logits[:, PROMPT_TOKENS - 1 : -1].float()
             targets = ids[:, PROMPT_TOKENS:]
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=PAD_ID
+            )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
     model.eval()
     with torch.no_grad():
-        ids = _batch(config, -1).to(device)
+        ids = _batch(config, -1, clean=True).to(device)
         logits = model(input_ids=ids).logits[:, PROMPT_TOKENS - 1 : -1]
         accuracy = (logits.argmax(-1) == ids[:, PROMPT_TOKENS:]).all(-1).float().mean().item()
     model.to("cpu")
