@@ -74,6 +74,8 @@ def _prepare(
                 {f"{i}:{flag}": words for i, fl in flags.items() for flag, words in fl.items()}
             )
             validators.timings["sglang_wait_s"] = round(time.perf_counter() - start, 2)
+            if validators.sglang.cpu_s is not None:
+                validators.timings["sglang_worker_cpu_s"] = validators.sglang.cpu_s
     finally:
         if checker is not None:
             checker.close()

@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,7 @@ class FlagReport:
     version: str | None
     verdicts: dict[str, FlagVerdict]
     failure: str | None = None
+    cpu_s: float | None = None  # the worker's own CPU time (import + parsing)
 
 
 def sglang_words(args: dict[str, Any]) -> dict[str, list[str]]:
@@ -101,7 +103,7 @@ class FlagChecker:
         if "import_error" in answer:
             return FlagReport(None, {}, answer["import_error"])
         verdicts = {k: FlagVerdict(v["error"], v["notes"]) for k, v in answer["results"].items()}
-        return FlagReport(answer["version"], verdicts)
+        return FlagReport(answer["version"], verdicts, cpu_s=answer.get("cpu_s"))
 
     def close(self) -> None:
         if self._proc.poll() is None:
@@ -213,7 +215,11 @@ def serve() -> int:
     for key, words in request.get("flags", {}).items():
         verdict = _judge(parser, words)
         results[key] = {"error": verdict.error, "notes": verdict.notes}
-    print(json.dumps({"version": sglang_version, "results": results}))
+    print(
+        json.dumps(
+            {"version": sglang_version, "results": results, "cpu_s": round(time.process_time(), 2)}
+        )
+    )
     return 0
 
 
