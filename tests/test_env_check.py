@@ -94,6 +94,7 @@ EXPECTED = {
     "sglang-impossible-value": ("sglang.bad-value", "args.sglang-attention-backend", "error"),
     "sglang-wrong-type": ("sglang.bad-value", "args.sglang-mem-fraction-static", "error"),
     "sglang-unknown-flag": ("sglang.unknown-flag", "args.sglang-mem-fraction", "error"),
+    "sglang-miles-managed-flag": ("sglang.miles-managed-flag", "args.sglang-model-path", "error"),
     "memory-fraction-cannot-fit": ("memory.per-gpu", "args.sglang-mem-fraction-static", "error"),
     "memory-fraction-near-full": ("memory.per-gpu", "args.sglang-mem-fraction-static", "warning"),
     "context-too-long": ("context.positions", "args.rollout-max-response-len", "error"),

@@ -37,6 +37,31 @@ MILES_OWN_FLAGS = frozenset(
         "sglang-config",
     }
 )
+# SGLang server flags miles does not re-export (it sets them itself: model path from
+# --hf-checkpoint, ports, node ranks, ...); its parser rejects `--sglang-<these>`. From
+# miles backends/sglang_utils/arguments.py (_SKIPPED_SERVER_ARGS, snapshot 2026-08-21).
+MILES_MANAGED_FLAGS = (
+    frozenset(
+        {
+            "sglang-model-path",
+            "sglang-config",
+            "sglang-trust-remote-code",
+            "sglang-random-seed",
+            "sglang-enable-memory-saver",
+            "sglang-port",
+            "sglang-nnodes",
+            "sglang-node-rank",
+            "sglang-dist-init-addr",
+            "sglang-gpu-id-step",
+            "sglang-base-gpu-id",
+            "sglang-nccl-port",
+            "sglang-skip-server-warmup",
+            "sglang-enable-return-routed-experts",
+            "sglang-enable-return-indexer-topk",
+        }
+    )
+    - MILES_OWN_FLAGS
+)
 # SGLang requires a model; miles passes its checkpoint itself, so any path stands in for it.
 MODEL_PLACEHOLDER = ["--model-path", "recipe-model"]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -126,6 +151,17 @@ def flag_checks(
         ]
     checks = []
     label = f"SGLang {report.version} ServerArgs"
+    for flag in flags:
+        if flag in MILES_MANAGED_FLAGS:
+            checks.append(
+                subject.check(
+                    "sglang.miles-managed-flag",
+                    False,
+                    f"--{flag}: miles sets this SGLang option itself and does not accept the flag",
+                    key=subject.arg_key(flag),
+                    value=flags[flag][1:] or True,
+                )
+            )
     for flag, words in flags.items():
         verdict = report.verdicts[f"{prefix}{flag}"]
         key = subject.arg_key(flag)
