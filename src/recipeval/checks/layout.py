@@ -367,7 +367,15 @@ def _parallel_state_check(subject: Subject, megatron: Megatron) -> Check:
     p = subject.recipe.parallel
     world = subject.recipe.world_size
     label = f"megatron-core {megatron.version} initialize_model_parallel (world size {world})"
-    error, groups = parallel_state_verdict(megatron, world, p.tp, p.pp, p.cp, p.ep, p.etp)
+    try:
+        error, groups = parallel_state_verdict(megatron, world, p.tp, p.pp, p.cp, p.ep, p.etp)
+    except (RuntimeError, ValueError) as err:
+        # torch.distributed already set up in this process (an embedding caller's own group)
+        return subject.check(
+            "megatron.available",
+            False,
+            f"cannot run initialize_model_parallel here: {_one_line(err)}",
+        )
     if error is not None:
         return subject.check(
             "megatron.parallel-state",
@@ -394,6 +402,8 @@ def parallel_state_verdict(
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     state = megatron.parallel_state
+    if dist.is_initialized():
+        raise RuntimeError("torch.distributed is already initialized in this process")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
         state.initialize_model_parallel(
