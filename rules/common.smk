@@ -118,6 +118,14 @@ def recipe_sha256(wildcards):
     return RECIPES[wildcards.recipe].sha256
 
 
+def env_check_probe(wildcards, resources):
+    """`--static` for a GPU recipe under a cluster profile (a Slurm partition is set):
+    env_check is a local rule, so a live probe would describe the submit host, which has none
+    of the GPUs that the recipe's stages get on the cluster."""
+    gpus = RECIPES[wildcards.recipe].gpus_per_node
+    return "--static" if gpus and "slurm_partition" in resources.keys() else ""
+
+
 def gate_stages(stage):
     """The selected stages whose pass this stage requires."""
     gates = {

@@ -13,6 +13,7 @@ rule env_check:
         LAUNCHER_ENV
     params:
         recipe_sha256=recipe_sha256,
+        probe=env_check_probe,
     shell:
         "recipeval env-check --recipe {input.recipe:q} --out {output.result:q} --exit-zero"
-        " > {log:q} 2>&1"
+        " {params.probe} > {log:q} 2>&1"

@@ -19,10 +19,11 @@ h1 { font-size: 1.4em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-to
 .meta { color: #666; font-size: 0.9em; }
 .verdict { display: inline-block; padding: 0.2em 0.6em; border-radius: 4px; font-weight: 600; }
 .scroll { overflow-x: auto; }
-table.results { border-collapse: collapse; font-size: 12px; }
+table.results { border-collapse: collapse; font-size: 11.5px; }
 table.results th, table.results td { border: 1px solid #ccc; padding: 3px 6px; vertical-align: top; }
 table.results th { background: #f0f0f0; position: sticky; top: 0; }
-table.results td { max-width: 22em; }
+table.results td.nowrap { white-space: nowrap; }
+table.results td.msg { min-width: 7em; max-width: 16em; overflow-wrap: anywhere; }
 td.pass, .verdict.pass { background: #e3f4e6; } td.fail, .verdict.fail { background: #fbe3e1; }
 td.skip { background: #f4f4f4; color: #666; } td.better, .verdict.better { background: #e1edfb; }
 table.changes { border-collapse: collapse; font-size: 12px; margin: 0.4em 0 1em; }

@@ -92,20 +92,22 @@ def table(records: list[RunRecord], verdicts: dict[str, RecipeVerdict]) -> pd.Da
     for rec in records:
         gpus = (f"{rec.gpu} x {rec.nodes * rec.gpus_per_node}"
                 if rec.gpu and rec.nodes and rec.gpus_per_node else "CPU")
-        row = {
-            "recipe": rec.recipe, "platform": rec.platform or "", "GPUs": gpus,
-            "layout": rec.layout or "", "max response len": rec.max_response_len or "",
-        }
+        # Verdicts first, then results, then what identifies the run: a screen shows the
+        # columns that matter before it needs a scroll.
+        row: dict[str, object] = {"recipe": rec.recipe, "vs history": _history_text(verdicts.get(rec.run_id)),
+                                  "vs expect": _expect_text(rec)}
         for stage in STAGES:
             row[stage] = _stage_text(rec, stage)
         for column, endings in TIMING_COLUMNS.items():
             row[column] = _with_interval(rec, find_metric(rec, endings, "bench"))
         row["logprob diff"] = _with_interval(rec, find_metric(rec, LOGPROB_COLUMN, "logprob_diff"))
-        row["vs expect"] = _expect_text(rec)
-        row["vs history"] = _history_text(verdicts.get(rec.run_id))
-        row["date"] = (rec.date or "")[:16].replace("T", " ")
-        row["recipe sha256"] = rec.recipe_sha256[:12]
-        row["packages"] = ", ".join(f"{p} {rec.packages[p]}" for p in PACKAGES_SHOWN if p in rec.packages)
+        row.update({
+            "platform": rec.platform or "", "GPUs": gpus, "layout": rec.layout or "",
+            "max response len": rec.max_response_len or "",
+            "date": (rec.date or "")[:16].replace("T", " "),
+            "recipe sha256": rec.recipe_sha256[:12],
+            "packages": ", ".join(f"{p} {rec.packages[p]}" for p in PACKAGES_SHOWN if p in rec.packages),
+        })
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -131,16 +133,22 @@ def to_html(frame: pd.DataFrame) -> str:
         for column, value in zip(frame.columns, row):
             text = str(value)
             cls = _cell_class(column, text)
-            cells.append(f'<td class="{cls}">{html.escape(text)}</td>' if cls else f"<td>{html.escape(text)}</td>")
+            cells.append(f'<td class="{cls}">{html.escape(text)}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f'<table class="results"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
+# Columns whose text may be long (messages, package lists) wrap; the others stay on one line.
+WRAPPING = (*STAGES, "vs history", "vs expect", "packages")
+
+
 def _cell_class(column: str, text: str) -> str:
+    classes = ["msg" if column in WRAPPING else "nowrap"]
     if column in STAGES or column in ("vs history", "vs expect"):
         for word, cls in (("pass", "pass"), ("ok", "pass"), ("fail", "fail"), ("error", "fail"),
                           ("regression", "fail"), ("skipped", "skip"), ("improvement", "better"),
                           ("first run", "skip")):
             if text.startswith(word):
-                return cls
-    return ""
+                classes.append(cls)
+                break
+    return " ".join(classes)
