@@ -129,8 +129,12 @@ def start_head(
 
 
 def stop_head(state: HeadState, grace: float = 15.0) -> None:
-    """Stop exactly the processes of this head: its session, then anything naming its temp dir."""
+    """Stop exactly the processes of this head: its session and process tree (Ray renames its
+    workers, `ray::IDLE`, so they are found by ancestry), then anything naming its temp dir."""
+    tree: list[psutil.Process] = []
     if head_alive(state):
+        head = psutil.Process(state.pid)
+        tree = [head, *head.children(recursive=True)]
         try:
             os.killpg(state.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -139,7 +143,8 @@ def stop_head(state: HeadState, grace: float = 15.0) -> None:
             psutil.Process(state.pid).wait(timeout=grace)
         except (psutil.TimeoutExpired, psutil.NoSuchProcess):
             pass
-    leftovers = [p for p in psutil.process_iter(["cmdline"]) if _names(p, state.temp_dir)]
+    leftovers = [p for p in tree if p.is_running()]
+    leftovers += [p for p in psutil.process_iter(["cmdline"]) if _names(p, state.temp_dir)]
     for proc in leftovers:
         try:
             proc.kill()
