@@ -44,6 +44,7 @@ from recipeval.engines.miles.logparse import parse_lines, write_steps
 from recipeval.errors import RecipeError, UsageError
 from recipeval.recipe import resolve
 from recipeval.result import Check, StageResult, now_iso
+from recipeval.runners import default_runner_name
 from recipeval.stages.common import (
     Judgement,
     RunOutcome,
@@ -366,7 +367,8 @@ def run_logprob_diff(request: StageRequest) -> StageResult:
         runs = [run_variant(request, name) for name in names]
     judgement, verdicts = judge_all(runs, reference, limits, cutoff)
     steps, artifacts = write_outputs(request, runs, verdicts, cutoff)
-    judgement.summary = {"runner": "from-log" if request.from_log else request.runner or "default",
+    runner = "from-log" if request.from_log else request.runner or default_runner_name()
+    judgement.summary = {"runner": runner,
                          "stage_wall_s": round(time.monotonic() - clock, 3), **judgement.summary}
     return finish(request, judgement, started, steps, artifacts)
 

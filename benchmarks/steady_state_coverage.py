@@ -1,0 +1,185 @@
+"""How good are the bench stage's steady-state statistics? Prints, on synthetic step-time traces
+with a known truth:
+
+1. warm-up detection: share of traces where the detected warm-up is within one step of the
+   true one (target >= 95 %);
+2. interval coverage: share of traces whose 95 % interval covers the true steady mean, at a
+   fixed length and at the adaptive stop (nominal 95 %), beside bootstrap alternatives;
+3. steps to a verdict: adaptive stopping against the anchors' fixed schedules (Megatron: median
+   over steps 5-20; NeMo-RL: mean of the last 5 of 10) at the same precision (target >= 30 %
+   fewer steps).
+
+Trace model (one draw per trace): steady mean mu ~ U(20, 500) s; relative noise sigma ~
+U(2 %, 5 %), normal; warm-up length ~ U{0..5} steps, step i of it slower by
+max(a * r**i, 25 %) with a ~ U(0.5, 3), r ~ U(0.3, 0.7) (a first step 1.5-4x slower, decaying);
+after the warm-up each step is an outlier with probability 5 %, slower by U(15 %, 80 %).
+
+    python benchmarks/steady_state_coverage.py [--traces 1000] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from recipeval.analysis.steady_state import (
+    StoppingRule,
+    detect_warmup,
+    run_until_stop,
+    trimmed_mean_interval,
+)
+
+TRACE_LEN = 80
+ADAPTIVE_MAX_STEPS = 80
+
+
+@dataclass(frozen=True)
+class Trace:
+    values: np.ndarray
+    warmup: int
+    mean: float
+
+
+def make_trace(rng: np.random.Generator, n: int = TRACE_LEN) -> Trace:
+    mu = rng.uniform(20, 500)
+    sigma = rng.uniform(0.02, 0.05)
+    warmup = int(rng.integers(0, 6))
+    x = mu * (1 + sigma * rng.standard_normal(n))
+    excess = np.maximum(rng.uniform(0.5, 3.0) * rng.uniform(0.3, 0.7) ** np.arange(warmup), 0.25)
+    x[:warmup] *= 1 + excess
+    outlier = (rng.random(n) < 0.05) & (np.arange(n) >= warmup)
+    x[outlier] *= rng.uniform(1.15, 1.8, int(outlier.sum()))
+    return Trace(x, warmup, mu)
+
+
+def warmup_accuracy(traces: list[Trace], length: int) -> tuple[float, float]:
+    hits = [abs(detect_warmup(t.values[:length]) - t.warmup) for t in traces]
+    return float(np.mean(np.array(hits) <= 1)), float(np.mean(np.array(hits) == 0))
+
+
+def fixed_length_coverage(traces: list[Trace], length: int) -> tuple[float, float]:
+    covered, widths = [], []
+    for t in traces:
+        x = t.values[:length]
+        iv = trimmed_mean_interval(x[detect_warmup(x):])
+        covered.append(iv.covers(t.mean))
+        widths.append(iv.rel_width)
+    return float(np.mean(covered)), float(np.median(widths))
+
+
+def bootstrap_coverage(traces: list[Trace], length: int, statistic, method: str) -> float:
+    rng = np.random.default_rng(1)
+    covered = []
+    for t in traces:
+        x = t.values[:length]
+        y = x[detect_warmup(x):]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ci = stats.bootstrap((y,), statistic, n_resamples=999, method=method, rng=rng,
+                                 axis=-1).confidence_interval
+        covered.append(ci.low <= t.mean <= ci.high)
+    return float(np.mean(covered))
+
+
+def megatron_schedule(x: np.ndarray) -> float:
+    return float(np.median(x[4:20]))  # steps 5..20, 1-based
+
+
+def nemo_rl_schedule(x: np.ndarray) -> float:
+    return float(np.mean(x[5:10]))  # last 5 of 10 steps
+
+
+def adaptive(traces: list[Trace], rule: StoppingRule) -> dict[str, float]:
+    steps, errors, covered, capped = [], [], [], []
+    for t in traces:
+        decision = run_until_stop({"t": t.values}, rule)
+        est = decision.estimates["t"].interval
+        steps.append(decision.steps)
+        errors.append(abs(est.estimate - t.mean) / t.mean)
+        covered.append(est.covers(t.mean))
+        capped.append(decision.reason == "max_steps")
+    return {
+        "mean_steps": float(np.mean(steps)), "median_steps": float(np.median(steps)),
+        "p95_err": float(np.quantile(errors, 0.95)), "coverage": float(np.mean(covered)),
+        "capped": float(np.mean(capped)),
+    }
+
+
+def calibrate(traces: list[Trace], precision: float, min_steps: int) -> float:
+    """The rel_ci (bisection, 6 rounds) at which adaptive runs keep 95 % of their errors
+    within +/-precision on these traces; the realised error grows with rel_ci."""
+    low, high = precision, min(8 * precision, 0.99)
+    for _ in range(6):
+        mid = (low + high) / 2
+        if adaptive(traces, StoppingRule(mid, min_steps, ADAPTIVE_MAX_STEPS))["p95_err"] > precision:
+            high = mid
+        else:
+            low = mid
+    return low
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--traces", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+    traces = [make_trace(rng) for _ in range(args.traces)]
+    t0 = time.perf_counter()
+    print(f"{args.traces} synthetic traces (seed {args.seed}); trace model in this script's docstring\n")
+
+    print("1. warm-up detection (target: within one step in >= 95 % of traces)")
+    for length in (10, 20, 40):
+        within, exact = warmup_accuracy(traces, length)
+        print(f"   first {length:2d} steps: within one step {within:6.1%}   exact {exact:6.1%}")
+
+    print("\n2. coverage of the true steady mean by the 95 % interval (nominal 95 %)")
+    for length in (10, 20, 40):
+        cov, width = fixed_length_coverage(traces, length)
+        print(f"   10% trimmed mean, Tukey-McLaughlin, first {length:2d} steps: coverage {cov:6.1%}"
+              f"   median width {width:.2%} of the value")
+    trim = lambda y, axis=-1: stats.trim_mean(y, 0.1, axis=axis)  # noqa: E731
+    for name, statistic, method in (
+        ("bootstrap BCa, 10% trimmed mean", trim, "BCa"),
+        ("bootstrap percentile, median", lambda y, axis=-1: np.median(y, axis=axis), "percentile"),
+    ):
+        print(f"   {name}, first 20 steps: coverage "
+              f"{bootstrap_coverage(traces, 20, statistic, method):6.1%}   (not used; for comparison)")
+
+    print("\n3. steps to a verdict at the same precision (target: >= 30 % fewer steps)")
+    calib_rng = np.random.default_rng(args.seed + 1)
+    calibration = [make_trace(calib_rng) for _ in range(max(args.traces // 2, 100))]
+    for name, schedule, fixed_steps in (
+        ("Megatron, median of steps 5-20", megatron_schedule, 20),
+        ("NeMo-RL, mean of the last 5 of 10", nemo_rl_schedule, 10),
+    ):
+        errors = [abs(schedule(t.values) - t.mean) / t.mean for t in traces]
+        precision = float(np.quantile(errors, 0.95))
+        print(f"   {name}: {fixed_steps} steps; 95 % of its errors within +/-{precision:.2%}")
+        claimed = StoppingRule(rel_ci=2 * precision, min_steps=5, max_steps=ADAPTIVE_MAX_STEPS)
+        rules = [("interval claims the same precision", claimed)]
+        for min_steps in (3, 5, 9):
+            rel_ci = calibrate(calibration, precision, min_steps)
+            rules.append(("realised precision matched (rel_ci set on other traces)",
+                          StoppingRule(rel_ci, min_steps, ADAPTIVE_MAX_STEPS)))
+        for label, rule in rules:
+            res = adaptive(traces, rule)
+            print(f"      adaptive, min_steps {rule.min_steps}, {label}: rel_ci {rule.rel_ci:.2%}: mean "
+                  f"{res['mean_steps']:.1f} steps (median {res['median_steps']:.0f}), saving "
+                  f"{1 - res['mean_steps'] / fixed_steps:.0%}; 95 % of errors within "
+                  f"+/-{res['p95_err']:.2%}; coverage at stop {res['coverage']:.1%}; "
+                  f"hit max_steps {res['capped']:.1%}")
+    res = adaptive(traces, StoppingRule(rel_ci=0.03, min_steps=5, max_steps=ADAPTIVE_MAX_STEPS))
+    print(f"   default rule (rel_ci 3 %, min_steps 5): mean {res['mean_steps']:.1f} steps (median "
+          f"{res['median_steps']:.0f}); 95 % of errors within +/-{res['p95_err']:.2%}; coverage "
+          f"at stop {res['coverage']:.1%}; hit max_steps {res['capped']:.1%}")
+    print(f"\n({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
