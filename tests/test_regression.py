@@ -54,6 +54,14 @@ def test_absorbed_shift_is_not_reported_again() -> None:
     assert verdict.kind == "unchanged" and verdict.baseline_start == 10 and verdict.baseline_n == 4
 
 
+def test_new_shift_is_reported_until_established() -> None:
+    before = _noisy(10, 100.0, 0.01, seed=8)
+    # Two nights at the new level are not yet a stable segment: the third is still judged
+    # against the old level (and so would a first night that noise kept under 5 %).
+    assert judge(STEP, before + [107.0, 106.8], 107.1).kind == "regression"
+    assert judge(STEP, before + [107.0, 106.8, 107.2], 107.1).kind == "unchanged"
+
+
 def test_logprob_jump_on_short_history_uses_the_band() -> None:
     # miles #2040: one earlier night is enough to flag 0.045 -> 0.213.
     verdict = judge("logprob_diff.train_rollout_logprob_abs_diff", [0.045], 0.213)

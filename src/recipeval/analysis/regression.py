@@ -116,9 +116,18 @@ def change_points(values: Sequence[float], settings: RegressionSettings = Regres
     return found
 
 
-def last_stable_start(values: Sequence[float], settings: RegressionSettings = RegressionSettings()) -> int:
-    points = change_points(values, settings)
-    return points[-1] if points else 0
+def last_stable_segment(
+    values: Sequence[float], settings: RegressionSettings = RegressionSettings()
+) -> tuple[int, int]:
+    """[start, end) of the newest segment with at least `min_history` runs. A newer, shorter
+    segment is a shift not yet established: its runs are still judged against the level before
+    it, so a shift missed on its first night (noise pulled it under `min_change`) is reported
+    on the next ones, until it has lasted `min_history` runs."""
+    starts = [0, *change_points(values, settings)]
+    end = len(values)
+    if len(starts) > 1 and end - starts[-1] < settings.min_history:
+        return starts[-2], starts[-1]
+    return starts[-1], end
 
 
 def judge(
@@ -136,8 +145,8 @@ def judge(
     if len(hist) == 0:
         return MetricVerdict(metric, "no_history", value, None, 0, 0, None, None, better_up,
                              "first run of this metric")
-    start = last_stable_start(hist, settings)
-    seg = hist[start:]
+    start, end = last_stable_segment(hist, settings)
+    seg = hist[start:end]
     mean = float(seg.mean())
     rel = _rel(value, mean)
     worse = rel > 0 if not better_up else rel < 0
