@@ -30,7 +30,7 @@ from recipeval.runners.base import (
 )
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
-AGENT_WAIT_S = 90.0
+AGENT_WAIT_S = 180.0
 
 
 def entrypoint_command(words: list[str]) -> str:
