@@ -16,6 +16,7 @@ from recipeval.analysis.logprob import (
     judge,
     rescored_pairs,
     scalar_stats,
+    shared_prefix_pairs,
     thresholds_with,
 )
 
@@ -146,3 +147,23 @@ def test_judge_with_defaults_and_overrides() -> None:
     by_check = {v.check: v for v in judge(values, relaxed)}
     assert by_check["first_rollout_abs_mean_diff"].ok and by_check["mean_abs_diff"].ok
     assert by_check["mean_abs_diff"].source == "recipe"
+
+
+def test_shared_prefix_pairs_keep_only_tokens_both_sampled_at_the_first_rollout() -> None:
+    a = pd.concat([tokens([[0.0] * 4, [0.0] * 3], rollout_id=0),
+                   tokens([[0.0] * 4], rollout_id=1)], ignore_index=True)
+    b = a.copy()
+    b["logp_rollout"] = b["logp_rollout"] + 0.02  # variant B's rollout path scores 0.02 higher
+    # sample 0 diverges at position 2; position 3 happens to agree again but its context differs
+    b.loc[(b["rollout_id"] == 0) & (b["sample"] == 0) & (b["position"] == 2), "token_id"] = 7
+    pairs = shared_prefix_pairs(a, b)
+    assert list(zip(pairs["sample"], pairs["position"])) == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
+    assert (pairs["rollout_id"] == 0).all() and (pairs["train_gap"] == 0).all()
+    st = diff_stats(pairs.drop(columns="train_gap"))
+    assert st.mean_diff == pytest.approx(0.02) and st.tokens == 5
+
+
+def test_shared_prefix_pairs_respect_both_masks() -> None:
+    a = tokens([[0.0, 0.0, 0.0]], mask=[[1, 1, 0]])
+    b = tokens([[0.0, 0.0, 0.0]], mask=[[0, 1, 1]])
+    assert list(shared_prefix_pairs(a, b)["position"]) == [1]

@@ -82,8 +82,10 @@ def checks_of(result) -> dict:
 def test_noisier_rollout_path_shows_a_clear_positive_shift(tmp_path):
     rng = np.random.default_rng(0)
     recipe = recipe_with(tmp_path)  # variants: baseline, bf16-rollout
-    result = judged(tmp_path, recipe, {"baseline": token_table(rng, 1e-4),
-                                       "bf16-rollout": token_table(rng, 0.01)})
+    baseline = token_table(rng, 1e-4)
+    bf16 = baseline.assign(logp_rollout=baseline["logp_train"]
+                           + 0.01 * rng.standard_normal(len(baseline)))  # same seed, same tokens
+    result = judged(tmp_path, recipe, {"baseline": baseline, "bf16-rollout": bf16})
     assert result.status == "pass", result.message
     variants = result.summary["variants"]
     assert variants["baseline"]["mean_abs_diff"] < 2e-4
@@ -92,6 +94,9 @@ def test_noisier_rollout_path_shows_a_clear_positive_shift(tmp_path):
     assert pair["variant"] == "bf16-rollout" and pair["reference"] == "baseline"
     assert pair["clear"] and pair["shift"] > 0 and pair["low"] > 0
     assert checks_of(result)["bf16-rollout:vs_baseline"].severity == "info"
+    same = pair["identical_tokens"]
+    assert same["tokens"] == (baseline["rollout_id"] == 0).sum() and same["train_gap_max"] == 0
+    assert 0.006 < same["mean_abs_diff"] < 0.01
     for name in ("tokens", "histogram", "by_position", "log", "steps"):
         assert Path(result.artifacts[name]).stat().st_size > 0, name
     tokens = pd.read_parquet(result.artifacts["tokens"])

@@ -41,6 +41,8 @@ def test_bf16_rollout_is_measurably_worse_than_fp32(tmp_path):
     assert variants["bf16-rollout"]["mean_abs_diff"] > 3 * variants["baseline"]["mean_abs_diff"]
     (pair,) = result.summary["pairwise"]
     assert pair["clear"] and pair["shift"] > 0
+    same = pair["identical_tokens"]  # same seed and weights: the first rollout shares tokens
+    assert same["tokens"] > 0 and same["train_gap_max"] == 0 and same["mean_abs_diff"] > 0
     tokens = pd.read_parquet(result.artifacts["tokens"])
     assert set(tokens["variant"]) == {"baseline", "bf16-rollout"}
     assert Path(result.artifacts["histogram"]).is_file()

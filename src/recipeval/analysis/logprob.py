@@ -199,6 +199,42 @@ def rescored_pairs(sampled: pd.DataFrame, rescored: pd.DataFrame) -> pd.DataFram
     })
 
 
+def shared_prefix_pairs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Two variants' dumps of the same seeded run, compared on the tokens both sampled.
+
+    At the first rollout both start from the same weights and prompts and draw from the same
+    random stream, so each sample's responses agree up to the first token where the two
+    rollout paths' probabilities tipped the draw apart. On that shared prefix both paths
+    scored the very same tokens in the very same context: their logprob difference is the
+    backend difference itself, with no sampling noise. Returns a token table with B's rollout
+    logprob as logp_rollout and A's as logp_train (`diff_stats` then measures B - A), over the
+    shared prefix of the first rollout, masked in both; empty when nothing is shared.
+    """
+    cols = [*TOKEN_KEYS, "token_id", "logp_rollout", "logp_train", "loss_mask"]
+    check_token_table(a, cols)
+    check_token_table(b, cols)
+    first = min(a["rollout_id"].min(), b["rollout_id"].min())
+    merged = (
+        a.loc[a["rollout_id"] == first, cols]
+        .merge(b.loc[b["rollout_id"] == first, cols], on=TOKEN_KEYS, suffixes=("_a", "_b"))
+        .sort_values(TOKEN_KEYS)
+    )
+    same = merged["token_id_a"] == merged["token_id_b"]
+    prefix = same.groupby([merged["rollout_id"], merged["sample"]]).cummin()
+    keep = prefix & merged["loss_mask_a"].astype(bool) & merged["loss_mask_b"].astype(bool)
+    shared = merged[keep]
+    return pd.DataFrame({
+        **{k: shared[k].to_numpy() for k in TOKEN_KEYS},
+        "token_id": shared["token_id_a"].to_numpy(),
+        "logp_rollout": shared["logp_rollout_b"].to_numpy(),
+        "logp_train": shared["logp_rollout_a"].to_numpy(),
+        "loss_mask": np.ones(len(shared), dtype=np.int8),
+        # How far the two trainers' recomputes differ on these tokens (0 when both variants
+        # train the same way on the same weights, which makes the comparison exact).
+        "train_gap": (shared["logp_train_b"] - shared["logp_train_a"]).abs().to_numpy(),
+    })
+
+
 @dataclass(frozen=True)
 class ScalarStats:
     """What the logged per-step scalars say when there is no token dump."""

@@ -15,7 +15,10 @@ of frac_above_cutoff):
   sync that is skipped or broken shows as a diff that grows with every update.
 Variant vs reference (`baseline`, else the first variant): the shift in per-sample mean |d|
 with its 95 % Welch interval and a Mann-Whitney p-value, so a backend change reads as a signed
-difference with its uncertainty.
+difference with its uncertainty; and, where both variants dumped tokens, their rollout
+logprobs compared directly on the tokens both sampled at the first rollout (same weights, same
+seed: the shared prefix of each response), which measures the backend change free of
+sampling noise.
 
 Files: DIR/logprob_diff.json, .log (the variants' logs, each after a marker line),
 .steps.parquet and .tokens.parquet (with a `variant` column), .hist.png, .position.png.
@@ -94,6 +97,7 @@ class VariantVerdict:
     per_sample_abs_diff: np.ndarray
     abs_diffs: np.ndarray | None
     buckets: pd.DataFrame | None
+    tokens: pd.DataFrame | None
 
 
 def variant_names(request: StageRequest) -> tuple[list[str | None], str | None]:
@@ -260,7 +264,7 @@ def judge_variant(run: VariantRun, limits: dict[str, tuple[float, str]],
             f"{verdict.limit:g}, {verdict.source})",
         ))
     checks.append(growth_check(run.name, growth))
-    return VariantVerdict(run.name, summary, checks, samples, abs_diffs, buckets)
+    return VariantVerdict(run.name, summary, checks, samples, abs_diffs, buckets, run.tokens)
 
 
 def compare(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any]:
@@ -286,7 +290,23 @@ def compare(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any
     low, high = float(ci.low), float(ci.high)
     return {**out, "shift": shift, "low": low, "high": high, "p_value": p_value,
             "relative": shift / b.mean() if b.mean() else math.inf,
-            "clear": bool(low > 0 or high < 0)}
+            "clear": bool(low > 0 or high < 0), **identical_tokens(variant, reference)}
+
+
+def identical_tokens(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any]:
+    """Both rollout paths on the very same tokens (analysis.logprob.shared_prefix_pairs)."""
+    if variant.tokens is None or reference.tokens is None:
+        return {}
+    pairs = lp.shared_prefix_pairs(reference.tokens, variant.tokens)
+    if pairs.empty:
+        return {"identical_tokens": {"tokens": 0}}
+    st = lp.diff_stats(pairs)
+    return {"identical_tokens": {
+        "tokens": st.tokens, "mean_abs_diff": st.token_mean_abs_diff, "mean_diff": st.mean_diff,
+        "p99_abs_diff": st.p99_abs_diff, "max_abs_diff": st.max_abs_diff,
+        "token_mult_prob_error": st.token_mult_prob_error,
+        "train_gap_max": float(pairs["train_gap"].max()),
+    }}
 
 
 def judge_all(runs: list[VariantRun], reference: str | None,
@@ -310,6 +330,11 @@ def judge_all(runs: list[VariantRun], reference: str | None,
                         + ")" + ("" if pair["clear"] else ": not a clear difference"))
             else:
                 text = pair["message"]
+            same = pair.get("identical_tokens")
+            if same and same["tokens"]:
+                text += (f"; on {same['tokens']} identical tokens of the first rollout its rollout "
+                         f"logprobs differ from {pair['reference']}'s by {same['mean_abs_diff']:.4g} "
+                         f"on average (max {same['max_abs_diff']:.4g})")
             checks.append(Check(id=f"{pair['variant']}:vs_{pair['reference']}", ok=True,
                                 severity="info", value=pair.get("shift"), message=text))
     if failures:
