@@ -155,11 +155,12 @@ def judge(outcome: RunOutcome, options: BenchStage, expect: dict[str, float],
           watcher: BenchWatcher | None) -> tuple[Judgement, dict[str, SteadyEstimate]]:
     rule = stopping_rule(options)
     steps = outcome.steps
+    rows = complete_rows(steps, options.metrics)
     series = watched_series(steps, options.metrics)
     estimates = {m: steady_state(v, m, rule.confidence) for m, v in series.items()}
     summary: dict[str, Any] = {
         "rel_ci": rule.rel_ci, "min_steps": rule.min_steps, "max_steps": rule.max_steps,
-        "steps": len(complete_rows(steps, options.metrics)),
+        "steps": len(rows),
         "stop": _stop_reason(outcome, watcher),
         "metrics": {m: e.to_dict() for m, e in estimates.items()},
     }
@@ -167,8 +168,8 @@ def judge(outcome: RunOutcome, options: BenchStage, expect: dict[str, float],
         summary["stopping_rule_calls"] = watcher.calls
         summary["stopping_rule_ms_per_call"] = round(1e3 * watcher.seconds / max(watcher.calls, 1), 3)
     if TOKENS_PER_GPU in steps.columns:
-        tokens = steady_state(complete_rows(steps, options.metrics)[TOKENS_PER_GPU].to_numpy(float),
-                              TOKENS_PER_GPU, rule.confidence)
+        tokens = steady_state(rows[TOKENS_PER_GPU].to_numpy(float), TOKENS_PER_GPU,
+                              rule.confidence)
         estimates[TOKENS_PER_GPU] = tokens
         summary["tokens_per_gpu_per_sec"] = tokens.to_dict()
     failure = run_failure(outcome)
@@ -179,7 +180,7 @@ def judge(outcome: RunOutcome, options: BenchStage, expect: dict[str, float],
     if failure is not None:
         return Judgement(checks=[], summary=summary, error=failure), estimates
     checks = [precision_check(estimates[m], rule, options.on_max_steps) for m in options.metrics]
-    columns = [c for c in steps.columns if c not in (ROLLOUT_ID, "timestamp")]
+    columns = [c for c in rows.columns if c not in (ROLLOUT_ID, "timestamp")]
     for key, expected in expect.items():
         metric = _metric_for(key, columns)
         if metric is None:
@@ -188,8 +189,8 @@ def judge(outcome: RunOutcome, options: BenchStage, expect: dict[str, float],
                                 message=f"expect.bench.{key} names no logged metric"))
             continue
         if metric not in estimates:
-            estimates[metric] = steady_state(complete_rows(steps, options.metrics)[metric]
-                                             .to_numpy(float), metric, rule.confidence)
+            estimates[metric] = steady_state(rows[metric].to_numpy(float), metric,
+                                             rule.confidence)
             summary["metrics"][metric] = estimates[metric].to_dict()
         checks.append(expect_check(estimates[metric], key, expected, options.tolerance))
     imprecise = [c.id.split(":", 1)[1] for c in checks if c.id.startswith("precision:") and not c.ok]

@@ -66,8 +66,10 @@ CUTOFF_KEY = "abs_diff_cutoff"
 GROWTH_RELATIVE, GROWTH_FLOOR = 0.5, 0.02
 MARKER = re.compile(r"^=== recipeval logprob_diff variant (?P<name>.+) ===$")
 WORST_ROLLOUT_CHECKS = ("token_mult_prob_error", "prob_abs_diff_mean")
-TOKEN_STATS = {f.name for f in dataclasses.fields(lp.DiffStats)}
-SCALAR_STATS = {f.name for f in dataclasses.fields(lp.ScalarStats)}
+# Statistics a recipe may put a limit on (counts and settings are not statistics).
+_NOT_LIMITS = {"tokens", "samples", "steps", "abs_diff_cutoff"}
+TOKEN_STATS = {f.name for f in dataclasses.fields(lp.DiffStats)} - _NOT_LIMITS
+SCALAR_STATS = {f.name for f in dataclasses.fields(lp.ScalarStats)} - _NOT_LIMITS
 
 
 def marker(name: str) -> str:
