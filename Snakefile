@@ -24,6 +24,14 @@ localrules:
     publish,
 
 
+onsuccess:
+    stop_shared_ray(log)
+
+
+onerror:
+    stop_shared_ray(log)
+
+
 rule all:
     default_target: True
     input:

@@ -2,6 +2,7 @@
 import glob
 import math
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,3 +206,26 @@ def gpu_gres(wildcards):
     if kind == "auto":
         kind = (row.gpu or "").lower()
     return f"gpu:{kind}:{row.gpus_per_node}" if kind else f"gpu:{row.gpus_per_node}"
+
+
+# ---- shared Ray head -------------------------------------------------------------------------
+
+# A local run's stages share one Ray head (the first stage that needs Ray starts it) instead of
+# starting one each; it is stopped when the run ends, failed or not. Cluster jobs start their
+# own Ray inside their allocation and never see this.
+RAY_STATE_DIR = os.path.abspath(f"{RESULTS}/.ray")
+if workflow.local_exec and not workflow.remote_exec:
+    os.environ.setdefault("RECIPEVAL_RAY_STATE_DIR", RAY_STATE_DIR)
+
+
+def stop_shared_ray(log):
+    """onsuccess/onerror: stop this run's shared Ray head (none started: nothing to do)."""
+    subprocess.run(
+        [
+            "recipeval",
+            "ray-down",
+            "--state-dir",
+            os.environ.get("RECIPEVAL_RAY_STATE_DIR", RAY_STATE_DIR),
+        ],
+        check=False,
+    )
