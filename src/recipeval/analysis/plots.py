@@ -95,7 +95,8 @@ def step_time_plot(series: Mapping[str, tuple[np.ndarray, np.ndarray]],
                            label=f"{iv.confidence:.0%} interval (+/-{iv.rel_width / 2:.1%})")
         ax.set_title(metric, fontsize=10)
         ax.set_ylabel("s" if "time" in metric else "")
-        ax.legend(fontsize=7, loc="upper right")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper right")
     axes[-1].set_xlabel("rollout id")
     fig.tight_layout()
     return _save(fig, path)
