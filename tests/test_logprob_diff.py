@@ -89,6 +89,7 @@ def test_noisier_rollout_path_shows_a_clear_positive_shift(tmp_path):
     assert result.status == "pass", result.message
     variants = result.summary["variants"]
     assert variants["baseline"]["mean_abs_diff"] < 2e-4
+    assert result.summary["train_rollout_logprob_abs_diff"] == variants["baseline"]["mean_abs_diff"]
     assert 0.006 < variants["bf16-rollout"]["mean_abs_diff"] < 0.01  # E|N(0, s)| = 0.8 s
     (pair,) = result.summary["pairwise"]
     assert pair["variant"] == "bf16-rollout" and pair["reference"] == "baseline"
