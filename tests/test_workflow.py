@@ -237,7 +237,11 @@ def test_slurm_settings_from_environment_and_ungrouped_stages(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_full_default_dag_then_nothing_to_do_then_one_recipe_reruns(tmp_path: Path) -> None:
-    work = _workdir(tmp_path, TINY)
+    work = _workdir(tmp_path)
+    # The tiny recipe as shipped, except its bench overlay's 8k responses (minutes per rollout
+    # on a 2-core CI machine): 32 tokens keep every stage, gate and table path the same.
+    _copy_recipe(TINY, work / "recipes/local/tiny-grpo-cpu.yaml", "tiny-grpo-cpu",
+                 **{"rollout-max-response-len: 8192": "rollout-max-response-len: 32"})
     # A second recipe that env_check rejects (TP does not divide the 4 heads): its later stages
     # are skipped, the tiny one runs on, and publish shows both.
     broken = _copy_recipe(TINY, work / "recipes/local/tiny-bad-layout.yaml", "tiny-bad-layout",
