@@ -54,18 +54,20 @@ def write_run(
             "logprob_diff", recipe_path, when, packages=packages,
             status="pass" if gate_ok else "skipped",
             message="" if gate_ok else f"gate smoke is {smoke_status}: {smoke_message}",
-            summary={"baseline": {"train_rollout_logprob_abs_diff": logprob}} if gate_ok else {},
+            # The stage's shape: per-variant statistics plus the headline under miles' name.
+            summary={"reference": "baseline", "train_rollout_logprob_abs_diff": logprob,
+                     "variants": {"baseline": {"mean_abs_diff": logprob, "tokens": 242, "samples": 64}}}
+            if gate_ok else {},
         ),
         stage_result(
             "bench", recipe_path, when, packages=packages,
             status="pass" if gate_ok else "skipped",
             message="" if gate_ok else f"gate smoke is {smoke_status}: {smoke_message}",
-            summary={
+            summary={"steps": 14, "metrics": {
                 "perf/rollout_time": {"estimate": 150.0, "low": 147.0, "high": 153.0, "steps": 12},
                 "perf/actor_train_time": {"estimate": 182.0, "low": 179.0, "high": 185.0},
                 "cycle_time": {"estimate": cycle, "low": cycle * 0.98, "high": cycle * 1.02},
-                "steps": 14,
-            } if gate_ok else {},
+            }} if gate_ok else {},
             checks=[Check(id="expect.cycle_time", ok=True)] if gate_ok else [],
         ),
     ]

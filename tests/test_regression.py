@@ -70,6 +70,13 @@ def test_logprob_jump_on_short_history_uses_the_band() -> None:
     assert judge(STEP, [100.0, 101.0], 110.0).kind == "unchanged"
 
 
+def test_logprob_metrics_have_an_absolute_floor() -> None:
+    tiny = [1.8e-7, 1.9e-7, 1.7e-7, 1.8e-7]
+    verdict = judge("logprob_diff.train_rollout_logprob_abs_diff", tiny, 5e-7)
+    assert verdict.kind == "unchanged" and "absolute floor" in verdict.reason
+    assert judge("logprob_diff.train_rollout_logprob_abs_diff", tiny, 0.05).kind == "regression"
+
+
 def test_first_run_and_non_finite() -> None:
     assert judge(STEP, [], 1.0).kind == "no_history"
     assert judge(STEP, [1.0, 1.0, 1.0], float("nan")).kind == "regression"

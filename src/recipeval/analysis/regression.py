@@ -27,6 +27,11 @@ from scipy import stats
 
 Kind = Literal["regression", "improvement", "unchanged", "no_history"]
 
+# Logprob differences and KL near zero swing by large relative amounts without meaning (1e-7 to
+# 3e-7 is +200 %): below this absolute change (nats) nothing is reported for them.
+LOGPROB_ABS_FLOOR = 0.01
+_LOGPROB = re.compile(r"(logprob|_kl\b|kl$)", re.I)
+
 # Metric names where a larger value is better; everything else (times, logprob differences,
 # KL, errors) is better when smaller.
 _HIGHER_IS_BETTER = re.compile(r"(per_sec|per_s\b|tok_per_s|tokens_per|tflops|throughput|mfu)", re.I)
@@ -60,6 +65,10 @@ class MetricVerdict:
 
 def higher_is_better(metric: str) -> bool:
     return bool(_HIGHER_IS_BETTER.search(metric))
+
+
+def abs_floor(metric: str) -> float:
+    return LOGPROB_ABS_FLOOR if _LOGPROB.search(metric) else 0.0
 
 
 def _rel(new: float, old: float) -> float:
@@ -168,5 +177,9 @@ def judge(
             f"{rel:+.1%} vs {mean:.4g} (last stable {n} runs, sd {sd:.3g}); p={p_value:.2g}, "
             f"needs p<{settings.alpha:g} and |change|>={settings.min_change:.0%}"
         )
+    floor = abs_floor(metric)
+    if changed and abs(value - mean) < floor:
+        changed = False
+        reason += f"; |change| {abs(value - mean):.2g} under the absolute floor {floor:g}"
     kind: Kind = ("regression" if worse else "improvement") if changed else "unchanged"
     return MetricVerdict(metric, kind, float(value), mean, len(seg), start, rel, p_value, better_up, reason)
