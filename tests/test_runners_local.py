@@ -4,8 +4,14 @@ recipe values that look like shell."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -105,3 +111,31 @@ def test_missing_program_is_a_runner_error():
     launch.argv[0] = "/nonexistent/python"
     with pytest.raises(RunnerError, match="cannot start"):
         LocalRunner().run(launch, lambda line: None)
+
+
+def test_sigterm_to_the_stage_stops_its_local_job(tmp_path):
+    """Snakemake or Slurm cancelling a stage sends SIGTERM to recipeval; the job lives in its
+    own session, so recipeval must take it down on the way out."""
+    script = tmp_path / "stage.py"
+    pid_file = tmp_path / "job.pid"
+    script.write_text(
+        "import sys\n"
+        "from runner_jobs import python_launch\n"
+        "from recipeval.runners.base import stop_job_on_termination\n"
+        "from recipeval.runners.local import LocalRunner\n"
+        "program = 'import os, time\\nopen(%r, \"w\").write(str(os.getpid()))\\ntime.sleep(600)\\n'\n"
+        "with stop_job_on_termination():\n"
+        "    LocalRunner(grace=1.0).run(python_launch(program % sys.argv[1]), print, timeout=300)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    stage = subprocess.Popen([sys.executable, str(script), str(pid_file)], env=env,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    job_pid = int(pid_file.read_text())
+    assert _alive([job_pid]) == [job_pid]
+    stage.send_signal(signal.SIGTERM)
+    assert stage.wait(timeout=60) == 128 + signal.SIGTERM
+    assert "got SIGTERM, stopping the job" in stage.stderr.read()
+    assert _alive([job_pid]) == []

@@ -3,10 +3,13 @@ stop it on timeout or on request, and say how it ended."""
 
 from __future__ import annotations
 
+import signal
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Self
 
@@ -113,3 +116,33 @@ class LineBuffer:
         if self.pending:
             self.emit(self.pending)
             self.pending = ""
+
+
+class Terminated(SystemExit):
+    """This process got SIGTERM/SIGHUP (Snakemake or Slurm cancelling the stage): runners stop
+    their job on the way out, as for Ctrl-C, and the process exits 128 + signal number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signal_name = signal.Signals(signum).name
+
+
+@contextmanager
+def stop_job_on_termination() -> Iterator[None]:
+    """While a job runs, turn SIGTERM/SIGHUP into Terminated (SIGINT already raises
+    KeyboardInterrupt), so the runner's cleanup runs: a local job lives in its own session and
+    would not get the signal itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        print(f"recipeval: got {signal.Signals(signum).name}, stopping the job", file=sys.stderr)
+        raise Terminated(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

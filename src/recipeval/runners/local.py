@@ -130,15 +130,19 @@ class LocalRunner(Runner):
         reader.start()
         deadline = Deadline(timeout)
         timed_out = stopped = False
-        while proc.poll() is None:
-            if deadline.passed():
-                timed_out = True
-                break
-            if stop is not None and stop.is_set():
-                stopped = True
-                break
-            tree.record()
-            time.sleep(POLL_S)
+        try:
+            while proc.poll() is None:
+                if deadline.passed():
+                    timed_out = True
+                    break
+                if stop is not None and stop.is_set():
+                    stopped = True
+                    break
+                tree.record()
+                time.sleep(POLL_S)
+        except BaseException:  # Ctrl-C or Terminated: the job must not outlive us
+            tree.terminate(self.grace)
+            raise
         exit_code = proc.returncode
         # Also after a clean exit: whatever the job left running in its group is the job's.
         tree.terminate(self.grace if exit_code is None else 1.0)

@@ -92,14 +92,18 @@ class RayRunner(Runner):
         tail.start()
         deadline = Deadline(timeout)
         timed_out = stopped = False
-        status = str(client.get_job_status(job_id))
-        while _name(status) not in TERMINAL:
-            if deadline.passed() or (stop is not None and stop.is_set()):
-                timed_out, stopped = deadline.passed(), not deadline.passed()
-                status = self._stop(client, job_id)
-                break
-            time.sleep(POLL_S)
+        try:
             status = str(client.get_job_status(job_id))
+            while _name(status) not in TERMINAL:
+                if deadline.passed() or (stop is not None and stop.is_set()):
+                    timed_out, stopped = deadline.passed(), not deadline.passed()
+                    status = self._stop(client, job_id)
+                    break
+                time.sleep(POLL_S)
+                status = str(client.get_job_status(job_id))
+        except BaseException:  # Ctrl-C or Terminated: stop the job before leaving
+            self._stop(client, job_id)
+            raise
         tail.join(timeout=10)
         _catch_up(client, job_id, lines)
         info = client.get_job_info(job_id)

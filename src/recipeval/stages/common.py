@@ -39,6 +39,7 @@ from recipeval.result import (
     write_result,
 )
 from recipeval.runners import RunnerError, RunResult, default_runner_name, make_runner
+from recipeval.runners.base import stop_job_on_termination
 
 TAIL_LINES = 30
 EXIT_CODES: dict[Status, int] = {"pass": 0, "fail": 1, "error": 3, "skipped": 3}
@@ -180,7 +181,7 @@ def execute(
     failure = None
     info: dict[str, Any] = {}
     try:
-        with make_runner(runner_name, launch) as runner:
+        with stop_job_on_termination(), make_runner(runner_name, launch) as runner:
             info = runner.describe()
             run = runner.run(launch, sink, timeout=timeout, stop=stop)
     except RunnerError as err:
