@@ -79,7 +79,8 @@ def _plots_html(records: list[RunRecord], verdicts: dict[str, RecipeVerdict], fr
             if metric and metric not in wanted:
                 wanted.append(metric)
         for metric in wanted:
-            if ((frame["recipe"] == rec.recipe) & (frame["metric"] == metric)).any():
+            # A history plot needs a history: one point says nothing a table cell does not.
+            if ((frame["recipe"] == rec.recipe) & (frame["metric"] == metric)).sum() >= 2:
                 parts.append(_img(plots.history_plot(frame, rec.recipe, metric, verdict), f"{rec.recipe} {metric}"))
     return '<div class="plots">' + "".join(parts) + "</div>" if parts else "<p>No metrics to plot yet.</p>"
 

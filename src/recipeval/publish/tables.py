@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 
 import pandas as pd
 
@@ -21,12 +22,17 @@ TIMING_COLUMNS = {
 LOGPROB_COLUMN = ("train_rollout_logprob_abs_diff",)
 PACKAGES_SHOWN = ("sglang", "megatron-core", "torch", "ray", "transformers")
 # A table cell keeps the start of a stage's message; the full text is in its result file.
-CELL_CHARS = 140
+CELL_CHARS = 110
+# "(results/x/smoke.json)" in a gate message: the table's own columns already say which.
+_RESULT_PATH = re.compile(r" \([^()\s]*\.json\)")
+# Nested gate messages repeat their status ("skipped: skipped: gate ...").
+_REPEATED_WORD = re.compile(r"\b(\w+: )(?:\1)+")
 
 
 def short(text: str, limit: int = CELL_CHARS) -> str:
     """One line of at most `limit` characters (messages may carry log tails)."""
-    flat = " ".join(text.split())
+    flat = _RESULT_PATH.sub("", " ".join(text.split()))
+    flat = _REPEATED_WORD.sub(r"\1", flat)
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
