@@ -137,6 +137,9 @@ def stop_job_on_termination() -> Iterator[None]:
         return
 
     def handler(signum: int, frame: object) -> None:
+        # One is enough: a second signal must not interrupt the cleanup the first one started.
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
         print(f"recipeval: got {signal.Signals(signum).name}, stopping the job", file=sys.stderr)
         raise Terminated(signum)
 

@@ -34,7 +34,6 @@ class ProcessTree:
         self.leader = leader
         self.pgid = leader.pid  # start_new_session makes the leader its group's leader
         self.seen: dict[int, float] = {}
-        self.record()
 
     def record(self) -> None:
         try:
@@ -126,11 +125,11 @@ class LocalRunner(Runner):
         except OSError as err:
             raise RunnerError(f"cannot start {launch.argv[0]!r}: {err}") from err
         tree = ProcessTree(proc)
-        reader = threading.Thread(target=_pump, args=(proc, on_line), daemon=True)
-        reader.start()
         deadline = Deadline(timeout)
         timed_out = stopped = False
-        try:
+        try:  # from here on, any way out (Ctrl-C, Terminated) takes the job down first
+            reader = threading.Thread(target=_pump, args=(proc, on_line), daemon=True)
+            reader.start()
             while proc.poll() is None:
                 if deadline.passed():
                     timed_out = True
