@@ -4,10 +4,13 @@ the per-token dump is complete, bad flags fail with one line, SIGTERM stops it c
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -110,3 +113,22 @@ def test_sigterm_closes_the_partial_dump_and_exits_nonzero(tmp_path):
     tokens = pd.read_parquet(dump)
     assert {0, 1} <= set(tokens["rollout_id"])
     assert not Path(str(dump) + ".partial").exists()
+
+
+@pytest.mark.slow
+def test_ray_actors_log_the_same_format(tmp_path):
+    """`--ray on`: rollout worker and trainer run as Ray actors (an embedded Ray instance the
+    engine starts and stops); their lines carry Ray's actor prefix and still parse."""
+    pytest.importorskip("ray")
+    ray_tmp = tempfile.mkdtemp(prefix="rv-ref-")  # Ray's socket paths must stay under 108 bytes
+    try:
+        done = engine(*TINY, "--num-rollout", "2", "--ray", "on", "--cache-dir",
+                      str(tmp_path / "cache"),
+                      env={**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"})
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "(RolloutWorker pid=" in done.stdout and "(Trainer pid=" in done.stdout
+    parsed = parse_lines(done.stdout.splitlines())
+    assert list(parsed.steps["rollout_id"]) == [0, 1]
+    assert STEP_KEYS | ROLLOUT_KEYS <= set(parsed.steps.columns)
