@@ -4,7 +4,9 @@ Two figures, each per job:
 - plain sbatch: submit -> seen running -> seen finished (squeue polled every 50 ms) for a
   job that only echoes, with and without a GPU request;
 - Snakemake through the Slurm executor and profiles/ci-slurm: wall time of the two-rule
-  workflow divided by its Slurm jobs (this is what each pipeline rule adds in CI).
+  workflow divided by its Slurm jobs (this is what each pipeline rule adds in CI), split by
+  slurmctld's clock into queueing, running (Snakemake's job start-up inside the job
+  included) and the rest (sbatch, the plugin's status polling).
 
 Usage: python benchmarks/slurm_roundtrip.py [--jobs N] [--no-snakemake]
 Starts the cluster when it is not running, and stops it again at the end in that case.
@@ -18,6 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -55,6 +58,15 @@ def _sbatch_round_trips(cluster: SlurmCluster, jobs: int, gres: str | None, work
     )
 
 
+def _slurm_clock(cluster: SlurmCluster, job_id: str) -> tuple[float, float]:
+    """(queued, ran) seconds of a job by slurmctld's clock (1 s resolution)."""
+    submit, start, end = (
+        datetime.fromisoformat(cluster.job_field(job_id, name))
+        for name in ("SubmitTime", "StartTime", "EndTime")
+    )
+    return (start - submit).total_seconds(), (end - start).total_seconds()
+
+
 def _snakemake_round_trip(cluster: SlurmCluster, workdir: Path) -> None:
     run = run_two_rule_workflow(cluster, workdir)
     if run.returncode != 0:
@@ -63,6 +75,15 @@ def _snakemake_round_trip(cluster: SlurmCluster, workdir: Path) -> None:
     print(
         f"{'snakemake --profile ci-slurm':32s} slurm jobs={len(run.slurm_job_ids)} "
         f"({', '.join(run.slurm_job_ids)})  wall {run.wall_s:.1f}s  per job {per_job:.1f}s"
+    )
+    # The rules run one after the other: what is not queueing or running inside Slurm is
+    # Snakemake's own start-up, sbatch, and the plugin's status polling.
+    clocks = [_slurm_clock(cluster, job_id) for job_id in run.slurm_job_ids]
+    queued, ran = sum(c[0] for c in clocks), sum(c[1] for c in clocks)
+    outside = run.wall_s - queued - ran
+    print(
+        f"{'  by slurmctld clock':32s} queued {queued:.0f}s  ran {ran:.0f}s (job start-up "
+        f"included)  outside Slurm {outside:.1f}s ({outside / len(clocks):.1f}s per job)"
     )
 
 
