@@ -129,3 +129,20 @@ def test_ray_down_stops_only_our_head(shared_head, tmp_path):
     finally:
         decoy.kill()
         decoy.wait()
+
+
+def test_private_head_works_when_a_ray_auth_token_exists(tmp_path, monkeypatch):
+    """Any local ray.init() leaves ~/.ray/auth_token; Ray 2.60 then turns token auth on for
+    new heads. Our head and our client must still agree (seen on the shared CI machine)."""
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("a" * 64)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv(ray_head.STATE_DIR_ENV, raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    lines: list[str] = []
+    with RayRunner() as runner:
+        result = runner.run(python_launch(ECHO_ARGV, "x"), lines.append, timeout=120)
+        temp_dir = runner.describe()["ray_temp_dir"]
+    assert result.exit_code == 0 and 'ARGV ["x"]' in lines
+    assert [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])] == []

@@ -34,6 +34,7 @@ from recipeval.runners.base import RunnerError
 
 STATE_DIR_ENV = "RECIPEVAL_RAY_STATE_DIR"
 STATE_FILE = "head.json"
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
 START_TIMEOUT_S = 180.0  # a loaded 2-core machine took over 60 s
 
 
@@ -45,6 +46,14 @@ class HeadState:
     gcs: str  # host:port, what `ray start --address` takes
     temp_dir: str
     log: str
+
+
+def pin_auth_mode() -> None:
+    """Make our heads and our clients agree on Ray's token authentication. Unset, Ray 2.60
+    turns it on for a new head whenever ~/.ray/auth_token exists (any local ray.init() writes
+    one) while a client may not send it. Unless the user chose a mode, our heads run without
+    tokens, as miles' own `ray start --head` does."""
+    os.environ.setdefault(AUTH_MODE_ENV, "disabled")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -86,6 +95,7 @@ def start_head(
     node_name: str | None = None,
 ) -> HeadState:
     """Start a head (GPUs/CPUs autodetected unless given) and wait until its dashboard answers."""
+    pin_auth_mode()
     state_dir.mkdir(parents=True, exist_ok=True)
     # Ray's unix socket paths must stay short: its temp dir goes under /tmp, not state_dir.
     temp_dir = tempfile.mkdtemp(prefix="rv-ray-")
@@ -108,7 +118,7 @@ def start_head(
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     state = HeadState(
         pid=proc.pid,
@@ -190,6 +200,7 @@ def _write_state(state_dir: Path, state: HeadState) -> None:
 
 def shared_head(state_dir: Path) -> HeadState:
     """The pipeline run's head: reuse the recorded one when it is alive, else start one."""
+    pin_auth_mode()
     with _locked(state_dir):
         state = read_state(state_dir)
         if state is not None and head_alive(state) and dashboard_ready(state.dashboard):
