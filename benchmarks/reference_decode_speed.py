@@ -18,7 +18,7 @@ import torch
 
 from recipeval.engines.reference.config import ModelShape
 from recipeval.engines.reference.decode import StaticCacheDecoder
-from recipeval.engines.reference.modeling import DTYPES, build_model, parameter_count
+from recipeval.engines.reference.modeling import DTYPES, build_model, cast_weights, parameter_count
 from recipeval.engines.reference.task import PROMPT_TOKENS, problems
 from recipeval.engines.reference.tokenizer import EOS_ID, PAD_ID
 
@@ -85,7 +85,7 @@ def main() -> None:
     device = torch.device(args.device)
     shape = ModelShape(args.layers, args.hidden, args.ffn, args.heads, args.kv_heads, args.vocab,
                        PROMPT_TOKENS + max(args.new_tokens, args.baseline_tokens) + 64)
-    model = build_model(shape, 0, args.attn).to(device=device, dtype=DTYPES[args.dtype]).eval()
+    model = cast_weights(build_model(shape, 0, args.attn), device, DTYPES[args.dtype]).eval()
     prompts = torch.tensor([q.prompt_ids() for q in problems(0, "bench", 0, args.batch)], device=device)
     summary: dict[str, object] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

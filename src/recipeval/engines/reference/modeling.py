@@ -53,3 +53,16 @@ def resolve_device(config: EngineConfig) -> torch.device:
 
 def parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def cast_weights(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """Move to `device` and cast the weights to `dtype`, keeping buffers (RoPE's inverse
+    frequencies) in float32: in bfloat16 they are off by ~0.4 %, a phase error of tens of
+    radians by position 8k, which inference engines avoid by computing RoPE in float32."""
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    model.to(device=device, dtype=dtype)
+    for name, value in buffers.items():
+        owner_name, _, attr = name.rpartition(".")
+        owner = model.get_submodule(owner_name)
+        owner._buffers[attr] = value.to(device)
+    return model

@@ -13,7 +13,7 @@ import torch
 from recipeval.engines.reference.config import EngineConfig
 from recipeval.engines.reference.decode import StaticCacheDecoder
 from recipeval.engines.reference.logfmt import ROLLOUT, configure_logging, metrics_message
-from recipeval.engines.reference.modeling import DTYPES, build_model, resolve_device
+from recipeval.engines.reference.modeling import DTYPES, build_model, cast_weights, resolve_device
 from recipeval.engines.reference.task import PROMPT_TOKENS, problems, reward
 
 logger = logging.getLogger(ROLLOUT)
@@ -40,7 +40,7 @@ class RolloutWorker:
         self.device = resolve_device(config)
         model = build_model(config.model, config.seed, config.rollout_attn_implementation)
         model.load_state_dict(state)
-        self.model = model.to(device=self.device, dtype=DTYPES[config.rollout_dtype]).eval()
+        self.model = cast_weights(model, self.device, DTYPES[config.rollout_dtype]).eval()
         self.decoder = StaticCacheDecoder(
             self.model,
             batch_size=config.samples_per_rollout,
