@@ -121,7 +121,9 @@ def schema() -> None:
 # Options every run stage takes (smoke, logprob-diff, bench): the stage command contract.
 StageRecipeArg = Annotated[Path | None, typer.Argument(help="recipe YAML file", show_default=False)]
 RecipeOpt = Annotated[Path | None, typer.Option("--recipe", help="recipe YAML file (or positional)")]
-OutOpt = Annotated[Path, typer.Option("--out", help="results folder for this recipe")]
+OutOpt = Annotated[
+    Path | None, typer.Option("--out", help="results folder for this recipe [default: results/<recipe name>]")
+]
 RunnerOpt = Annotated[
     str | None, typer.Option("--runner", help="local | ray | slurm (default: slurm in an allocation, ray when installed, else local)")
 ]
@@ -132,7 +134,7 @@ RequireOpt = Annotated[
 ExitZeroOpt = Annotated[bool, typer.Option("--exit-zero", help="exit 0 whenever a result was written")]
 
 
-def stage_request(stage: str, recipe: Path | None, recipe_opt: Path | None, out: Path,
+def stage_request(stage: str, recipe: Path | None, recipe_opt: Path | None, out: Path | None,
                   runner: str | None, from_log: Path | None, require: list[Path] | None,
                   exit_zero: bool):  # -> StageRequest
     from recipeval.runners import RUNNERS
@@ -143,6 +145,7 @@ def stage_request(stage: str, recipe: Path | None, recipe_opt: Path | None, out:
     if runner is not None and runner not in RUNNERS:
         _die(f"--runner {runner!r} is not a runner; choose one of: {', '.join(RUNNERS)}")
     loaded = load_or_exit(recipe or recipe_opt)
+    out = out or Path("results") / loaded.recipe.name
     return StageRequest(stage=stage, loaded=loaded, out=out, runner=runner, from_log=from_log,
                         require=list(require or []), exit_zero=exit_zero)
 
@@ -160,7 +163,7 @@ def stage_exit(result, exit_zero: bool) -> NoReturn:  # result: StageResult
 def smoke(
     recipe: StageRecipeArg = None,
     recipe_opt: RecipeOpt = None,
-    out: OutOpt = Path("results"),
+    out: OutOpt = None,
     runner: RunnerOpt = None,
     from_log: FromLogOpt = None,
     require: RequireOpt = None,
@@ -178,7 +181,7 @@ def smoke(
 def logprob_diff(
     recipe: StageRecipeArg = None,
     recipe_opt: RecipeOpt = None,
-    out: OutOpt = Path("results"),
+    out: OutOpt = None,
     runner: RunnerOpt = None,
     from_log: FromLogOpt = None,
     require: RequireOpt = None,
@@ -196,7 +199,7 @@ def logprob_diff(
 def bench(
     recipe: StageRecipeArg = None,
     recipe_opt: RecipeOpt = None,
-    out: OutOpt = Path("results"),
+    out: OutOpt = None,
     runner: RunnerOpt = None,
     from_log: FromLogOpt = None,
     require: RequireOpt = None,
