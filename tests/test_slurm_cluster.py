@@ -187,6 +187,10 @@ def test_interrupting_snakemake_cancels_its_slurm_jobs(
             snakemake.wait()
 
     assert snakemake.returncode != 0
+    # scancel is asynchronous: the job passes through CANCELLING/COMPLETING first.
+    deadline = time.monotonic() + 30
+    while slurm_cluster.job_state(job_id) != "CANCELLED" and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert slurm_cluster.job_state(job_id) == "CANCELLED", rest[-2000:]
     deadline = time.monotonic() + 30
     while slurm_cluster.job_processes(job_id) and time.monotonic() < deadline:
