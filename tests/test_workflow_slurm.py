@@ -34,7 +34,7 @@ from slurm_cluster import (  # noqa: F401  (slurm_cluster_fixture provides `slur
     slurm_cluster_fixture,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.slurm_e2e]
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
