@@ -8,7 +8,8 @@
 #   scripts/install-profiles.sh --check    # say where each profile resolves, change nothing
 #
 # default/ is not linked: Snakemake already uses it as the workflow profile of this repo.
-# An existing entry that is not our link is left alone and reported (exit 1).
+# A link to another checkout's profiles/<name> (an older clone, a CI workspace) is repointed
+# here; any other existing entry is left alone and reported (exit 1).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,6 +30,9 @@ for dir in "$repo"/profiles/*/; do
   dest="$target/$name"
   if [ -L "$dest" ] && [ "$(readlink "$dest")" = "$src" ]; then
     echo "ok      $dest -> $src"
+  elif [ "$mode" = install ] && [ -L "$dest" ] && [[ "$(readlink "$dest")" == */profiles/"$name" ]]; then
+    ln -sfn "$src" "$dest"
+    echo "relinked $dest -> $src (was another checkout's)"
   elif [ -e "$dest" ] || [ -L "$dest" ]; then
     echo "skipped $dest exists and is not a link to $src; remove it and rerun" >&2
     status=1
