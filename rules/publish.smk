@@ -24,6 +24,13 @@ rule publish:
             category="Tables",
             labels={"format": "html (tables and plots)"},
         ),
+        plots=report(
+            directory(f"{RESULTS}/tables/plots"),
+            patterns=["{group}/{plot}.png"],
+            category="Plots",
+            subcategory="{group}",
+            labels={"recipe": "{group}", "plot": "{plot}"},
+        ),
         junit=f"{RESULTS}/junit.xml",
         verdict=f"{RESULTS}/regression.json",
         parquet=f"{HISTORY}/history.parquet",
@@ -42,7 +49,7 @@ rule publish:
         short_history_band=PUBLISH["short_history_band"],
     shell:
         "recipeval publish {input.results:q} --tables {params.tables:q}"
-        " --history {params.history:q} --junit {output.junit:q} --verdict {output.verdict:q}"
+        " --history {params.history:q} --plot-dir {output.plots:q} --junit {output.junit:q} --verdict {output.verdict:q}"
         " --min-change {params.min_change} --alpha {params.alpha}"
         " --min-history {params.min_history} --short-history-band {params.short_history_band}"
         " > {log:q} 2>&1"

@@ -49,6 +49,30 @@ def test_sglang_bump_jump_is_flagged_first_night_and_points_at_the_package(tmp_p
     html = (results / "tables/benchmarks.html").read_text()
     assert "0.5.17" in html and "regression" in html
     assert html.count('src="data:image/png;base64,') >= 2  # embedded: works opened from disk
+    # The same plots as files: `snakemake --report` items, one folder per recipe.
+    plots = {str(p.relative_to(results / "tables/plots")) for p in (results / "tables/plots").rglob("*.png")}
+    assert "_overview/steady-state-times.png" in plots
+    assert ("deepseek-v4-flash-4node-mi355x/history-logprob_diff.train_rollout_logprob_abs_diff.png"
+            in plots)
+
+
+def test_stage_plots_become_plot_files_and_stale_ones_go(tmp_path: Path) -> None:
+    results = tmp_path / "night0"
+    folder = write_run(results, AMD_RECIPE, night(0)) / "deepseek-v4-flash-4node-mi355x"
+    bench = json.loads((folder / "bench.json").read_text())
+    drawn = folder / "bench.steps.png"
+    drawn.write_bytes(b"\x89PNG\r\n\x1a\nstep-time plot")
+    bench["artifacts"] = {"plot": str(drawn), "steps": str(folder / "bench.steps.parquet")}
+    (folder / "bench.json").write_text(json.dumps(bench))
+    stale = results / "tables/plots/gone-recipe/history-cycle_time.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
+    publish([results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings(), True)
+    copied = results / "tables/plots/deepseek-v4-flash-4node-mi355x/bench-plot.png"
+    assert copied.read_bytes() == drawn.read_bytes()
+    assert not stale.exists()
+    html = (results / "tables/benchmarks.html").read_text()
+    assert 'alt="deepseek-v4-flash-4node-mi355x bench plot"' in html
 
 
 def test_tables_show_gate_failure_and_reason(tmp_path: Path) -> None:

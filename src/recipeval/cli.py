@@ -294,7 +294,8 @@ def publish(
     min_history: Annotated[int, typer.Option(help="runs needed to estimate the noise")] = 3,
     short_history_band: Annotated[float, typer.Option(help="relative band below min-history runs")] = 0.20,
     fail_on_regression: Annotated[bool, typer.Option(help="exit 1 when a recipe failed or regressed")] = False,
-    plots: Annotated[bool, typer.Option(help="embed plots in the HTML page")] = True,
+    plots: Annotated[bool, typer.Option(help="draw plots (in the HTML page and --plot-dir)")] = True,
+    plot_dir: Annotated[Path | None, typer.Option(help="folder for the plots as PNGs [default: TABLES/plots]")] = None,
 ) -> None:
     """Tables, plots, history, regression verdict and JUnit XML from stage results."""
     from recipeval.analysis.regression import RegressionSettings
@@ -303,7 +304,8 @@ def publish(
 
     settings = RegressionSettings(min_change, alpha, min_history, short_history_band)
     try:
-        outcome = run_publish(inputs, PublishOutputs(tables, history, junit, verdict), settings, plots)
+        outputs = PublishOutputs(tables, history, junit, verdict, plot_dir or tables / "plots")
+        outcome = run_publish(inputs, outputs, settings, plots)
     except PublishError as err:
         _die(str(err))
     print("\n".join(summary_lines(outcome)))

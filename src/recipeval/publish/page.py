@@ -8,10 +8,10 @@ import html
 
 import pandas as pd
 
-from recipeval.publish import plots
 from recipeval.publish.compare import RecipeVerdict
+from recipeval.publish.figures import Figure
 from recipeval.publish.records import RunRecord
-from recipeval.publish.tables import LOGPROB_COLUMN, TIMING_COLUMNS, find_metric, short, to_html
+from recipeval.publish.tables import short, to_html
 
 STYLE = """
 body { font: 14px/1.4 system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 1.5em; color: #222; }
@@ -60,35 +60,17 @@ def _changes_html(verdict: RecipeVerdict) -> str:
                   f"{rows}</table>")
 
 
-def _plots_html(records: list[RunRecord], verdicts: dict[str, RecipeVerdict], frame: pd.DataFrame) -> str:
-    parts = []
-    bars: dict[str, dict[str, tuple[float, float | None, float | None]]] = {}
-    for rec in records:
-        for column, endings in TIMING_COLUMNS.items():
-            metric = find_metric(rec, endings, "bench")
-            if metric and column.endswith("(s)"):
-                low, high = rec.intervals.get(metric, (None, None))
-                bars.setdefault(rec.recipe, {})[column.removesuffix(" (s)")] = (rec.metrics[metric], low, high)
-    if bars:
-        parts.append(_img(plots.stage_time_plot(bars), "steady-state times"))
-    for rec in records:
-        verdict = verdicts.get(rec.run_id)
-        wanted = [m.metric for m in (verdict.regressions + verdict.improvements if verdict else [])]
-        for endings in [*TIMING_COLUMNS.values(), LOGPROB_COLUMN]:
-            metric = find_metric(rec, endings)
-            if metric and metric not in wanted:
-                wanted.append(metric)
-        for metric in wanted:
-            # A history plot needs a history: one point says nothing a table cell does not.
-            if ((frame["recipe"] == rec.recipe) & (frame["metric"] == metric)).sum() >= 2:
-                parts.append(_img(plots.history_plot(frame, rec.recipe, metric, verdict), f"{rec.recipe} {metric}"))
-    return '<div class="plots">' + "".join(parts) + "</div>" if parts else "<p>No metrics to plot yet.</p>"
+def _plots_html(figures: list[Figure]) -> str:
+    if not figures:
+        return "<p>No metrics to plot yet.</p>"
+    return '<div class="plots">' + "".join(_img(f.png, f.title) for f in figures) + "</div>"
 
 
 def render_page(
     records: list[RunRecord], verdicts: dict[str, RecipeVerdict], table: pd.DataFrame,
-    history_frame: pd.DataFrame, generated: str, with_plots: bool = True,
+    generated: str, figures: list[Figure] | None,
 ) -> str:
+    """`figures` None: plots left out on request (--no-plots)."""
     statuses = [v.status for v in verdicts.values()]
     bad = sum(s in ("failed", "regressed") for s in statuses)
     overall, cls = ("attention: " + ", ".join(
@@ -107,6 +89,6 @@ def render_page(
 <h2>What changed</h2>
 {changed}
 <h2>Plots</h2>
-{_plots_html(records, verdicts, history_frame) if with_plots else "<p>Plots left out (--no-plots).</p>"}
+{"<p>Plots left out (--no-plots).</p>" if figures is None else _plots_html(figures)}
 </body></html>
 """

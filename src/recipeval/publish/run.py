@@ -12,10 +12,11 @@ from pydantic import ValidationError
 from recipeval.analysis.regression import RegressionSettings
 from recipeval.publish import history, tables
 from recipeval.publish.compare import RecipeVerdict, judge_run
+from recipeval.publish.figures import all_figures, write_figures
 from recipeval.publish.junit import write_junit
 from recipeval.publish.page import render_page
 from recipeval.publish.records import RunRecord, build_record, collect_results
-from recipeval.result import now_iso
+from recipeval.result import StageResult, now_iso
 
 # Recipe statuses that make a nightly fail.
 BAD = ("failed", "regressed")
@@ -31,11 +32,12 @@ class PublishOutputs:
     history: Path
     junit: Path
     verdict: Path
+    plots: Path
 
     @classmethod
     def under(cls, results: Path, history_dir: Path | None = None) -> PublishOutputs:
         return cls(results / "tables", history_dir or results / "history", results / "junit.xml",
-                   results / "regression.json")
+                   results / "regression.json", results / "tables" / "plots")
 
 
 @dataclass
@@ -56,7 +58,7 @@ def _write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _records(inputs: list[Path]) -> list[RunRecord]:
+def _stage_results(inputs: list[Path]) -> dict[str, list[StageResult]]:
     for path in inputs:
         if not path.exists():
             raise PublishError(f"{path}: no such result file or directory")
@@ -67,7 +69,7 @@ def _records(inputs: list[Path]) -> list[RunRecord]:
         raise PublishError(f"unreadable stage result: {first}") from None
     if not grouped:
         raise PublishError("no stage results found in " + ", ".join(map(str, inputs)))
-    return [build_record(results) for _, results in sorted(grouped.items())]
+    return dict(sorted(grouped.items()))
 
 
 def verdict_document(outcome: PublishOutcome, generated: str) -> dict:
@@ -81,7 +83,8 @@ def verdict_document(outcome: PublishOutcome, generated: str) -> dict:
 def publish(
     inputs: list[Path], out: PublishOutputs, settings: RegressionSettings, plots: bool = True
 ) -> PublishOutcome:
-    records = _records(inputs)
+    grouped = _stage_results(inputs)
+    records = [build_record(results) for results in grouped.values()]
     added = sum(history.append(out.history, rec) for rec in records)
     runs = history.load(out.history)
     verdicts = {rec.run_id: judge_run(rec, runs, settings) for rec in records}
@@ -91,7 +94,12 @@ def publish(
     history_frame = history.to_frame(runs)
     _write_text(out.tables / "benchmarks.md", tables.to_markdown(frame))
     _write_text(out.tables / "benchmarks.csv", frame.to_csv(index=False))
-    _write_text(out.tables / "benchmarks.html", render_page(records, verdicts, frame, history_frame, generated, plots))
+    figures = None
+    if plots:
+        stage_results = [r for results in grouped.values() for r in results]
+        figures = all_figures(records, verdicts, history_frame, stage_results)
+        write_figures(figures, out.plots)
+    _write_text(out.tables / "benchmarks.html", render_page(records, verdicts, frame, generated, figures))
     history.write_parquet(runs, out.history / history.PARQUET_NAME)
     write_junit(records, verdicts, out.junit)
     _write_text(out.verdict, json.dumps(verdict_document(outcome, generated), indent=1, default=str) + "\n")
