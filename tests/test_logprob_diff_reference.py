@@ -41,10 +41,24 @@ def test_bf16_rollout_is_measurably_worse_than_fp32(tmp_path):
     assert variants["bf16-rollout"]["mean_abs_diff"] > 3 * variants["baseline"]["mean_abs_diff"]
     (pair,) = result.summary["pairwise"]
     assert pair["clear"] and pair["shift"] > 0
-    same = pair["identical_tokens"]  # same seed and weights: the first rollout shares tokens
-    assert same["tokens"] > 0 and same["train_gap_max"] == 0 and same["mean_abs_diff"] > 0
+    # bf16's rollout path re-scored every token baseline sampled, at both rollouts.
+    same = pair["identical_tokens"]
     tokens = pd.read_parquet(result.artifacts["tokens"])
     assert set(tokens["variant"]) == {"baseline", "bf16-rollout"}
+    sampled = tokens[(tokens["variant"] == "baseline") & (tokens["loss_mask"] == 1)]
+    assert same["method"] == "re-scored" and same["tokens"] == len(sampled)
+    assert same["mean_abs_diff"] > 0
+    rescored = pd.read_parquet(result.artifacts["rescored"])
+    assert set(rescored["variant"]) == {"bf16-rollout"}
+    assert sorted(rescored["rollout_id"].unique()) == sorted(sampled["rollout_id"].unique())
+    message = next(c.message for c in result.checks if c.id == "bf16-rollout:vs_baseline")
+    assert f"on {len(sampled)} identical tokens (every token baseline sampled, re-scored)" in message
+    # --from-log re-judges the written log and token tables the same way.
+    again = run_logprob_diff(StageRequest(
+        stage="logprob_diff", loaded=load_recipe(tmp_path / "recipe.yaml"), out=tmp_path / "again",
+        from_log=Path(result.artifacts["log"])))
+    assert again.summary["pairwise"][0]["identical_tokens"] == same
+    assert list(again.summary["variants"]) == ["baseline", "bf16-rollout"]
     assert Path(result.artifacts["histogram"]).is_file()
 
 

@@ -75,6 +75,43 @@ def test_log_lines_are_miles_format_and_dump_is_complete(tmp_path):
     assert (masked["logp_rollout"] - masked["logp_train"]).abs().max() < 1e-4
 
 
+def test_score_tokens_rescores_a_dump_exactly_and_under_another_dtype(tmp_path):
+    """The run's own rollout path scores its own tokens to the same logprobs it sampled them
+    with; a bfloat16 rollout path scores the very same tokens differently."""
+    cache = ("--cache-dir", str(tmp_path / "cache"), "--num-rollout", "2")
+    sampled = tmp_path / "sampled.parquet"
+    assert engine(*TINY, *cache, "--dump-logprobs", str(sampled)).returncode == 0
+    for dtype in ("float32", "bfloat16"):
+        done = engine(*TINY, *cache, "--rollout-dtype", dtype, "--score-tokens", str(sampled),
+                      "--dump-logprobs", str(tmp_path / f"{dtype}.parquet"))
+        assert done.returncode == 0, done.stderr[-2000:]
+    a = pd.read_parquet(sampled)
+    same, bf16 = (pd.read_parquet(tmp_path / f"{d}.parquet") for d in ("float32", "bfloat16"))
+    for other in (same, bf16):
+        assert other[["rollout_id", "sample", "position", "token_id", "loss_mask"]].equals(
+            a[["rollout_id", "sample", "position", "token_id", "loss_mask"]])
+    assert (same["logp_rollout"] == a["logp_rollout"]).all()
+    # Same tokens, same weights: the trainer side follows the sampled run's trajectory.
+    assert (bf16["logp_train"] == a["logp_train"]).all()
+    mask = a["loss_mask"] == 1
+    gap = (bf16["logp_rollout"] - a["logp_rollout"])[mask].abs()
+    assert 1e-4 < gap.mean() < 0.1
+
+
+def test_score_tokens_from_another_batch_shape_is_one_clear_line(tmp_path):
+    sampled = tmp_path / "sampled.parquet"
+    assert engine(*TINY, "--cache-dir", str(tmp_path / "cache"), "--dump-logprobs",
+                  str(sampled)).returncode == 0
+    done = engine(*TINY, "--cache-dir", str(tmp_path / "cache"), "--n-samples-per-prompt", "2",
+                  "--score-tokens", str(sampled))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert f"--score-tokens {sampled}" in line and "n-samples-per-prompt" in line
+    done = engine(*TINY, "--cache-dir", str(tmp_path / "cache"), "--num-rollout", "3",
+                  "--score-tokens", str(sampled))
+    assert done.returncode == 2 and "set --num-rollout" in done.stderr
+
+
 def test_unknown_flag_is_one_clear_line(tmp_path):
     done = engine(*TINY, "--rollout-max-respones-len", "8")
     assert done.returncode == 2

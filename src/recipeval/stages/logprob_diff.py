@@ -15,14 +15,18 @@ of frac_above_cutoff):
   sync that is skipped or broken shows as a diff that grows with every update.
 Variant vs reference (`baseline`, else the first variant): the shift in per-sample mean |d|
 with its 95 % Welch interval and a Mann-Whitney p-value, so a backend change reads as a signed
-difference with its uncertainty; and, where both variants dumped tokens, their rollout
-logprobs compared directly on the tokens both sampled at the first rollout (same weights, same
-seed: the shared prefix of each response), which measures the backend change free of
-sampling noise.
+difference with its uncertainty; and the two rollout paths compared directly on identical
+tokens, free of sampling noise. Where the engine can re-score a dump (the reference engine,
+through --score-tokens), each variant's rollout path scores every token the reference variant
+sampled, at every rollout (a variant that changes only the rollout side trains on those tokens
+exactly as the reference did, so the weights match too). Otherwise, where both variants dumped
+tokens, the comparison falls back to the tokens both sampled at the first rollout (same
+weights, same seed: the shared prefix of each response).
 
 Files: DIR/logprob_diff.json, .log (the variants' logs, each after a marker line),
-.steps.parquet and .tokens.parquet (with a `variant` column), .hist.png, .position.png.
-`--from-log` re-judges such a log (and the token table beside it, when there is one).
+.steps.parquet, .tokens.parquet and .rescored.parquet (with a `variant` column), .hist.png,
+.position.png. `--from-log` re-judges such a log (and the token tables beside it, when there
+are some).
 """
 
 from __future__ import annotations
@@ -65,6 +69,11 @@ CUTOFF_KEY = "abs_diff_cutoff"
 # miles' history band for train_rollout_logprob_abs_diff, applied along one run.
 GROWTH_RELATIVE, GROWTH_FLOOR = 0.5, 0.02
 MARKER = re.compile(r"^=== recipeval logprob_diff variant (?P<name>.+) ===$")
+# Args that must match for one variant to re-score another's tokens (same prompts, same shape).
+SAME_PROMPTS = ("seed", "rollout-batch-size", "n-samples-per-prompt", "num-rollout",
+                "rollout-max-response-len")
+# The re-scoring runs' logs follow this marker; judging a log leaves them out.
+RESCORE_MARKER = re.compile(r"^=== recipeval logprob_diff rescoring .+ ===$")
 WORST_ROLLOUT_CHECKS = ("token_mult_prob_error", "prob_abs_diff_mean")
 # Statistics a recipe may put a limit on (counts and settings are not statistics).
 _NOT_LIMITS = {"tokens", "samples", "steps", "abs_diff_cutoff"}
@@ -74,6 +83,10 @@ SCALAR_STATS = {f.name for f in dataclasses.fields(lp.ScalarStats)} - _NOT_LIMIT
 
 def marker(name: str) -> str:
     return f"=== recipeval logprob_diff variant {name} ==="
+
+
+def rescore_marker(name: str, reference: str) -> str:
+    return f"=== recipeval logprob_diff rescoring {reference} tokens under {name} ==="
 
 
 def file_safe(name: str) -> str:
@@ -89,6 +102,9 @@ class VariantRun:
     tokens: pd.DataFrame | None
     log_lines: list[str]
     failure: str | None = None
+    # This variant's rollout logprobs of the reference variant's sampled tokens.
+    rescored: pd.DataFrame | None = None
+    rescore_log: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclass
@@ -100,6 +116,7 @@ class VariantVerdict:
     abs_diffs: np.ndarray | None
     buckets: pd.DataFrame | None
     tokens: pd.DataFrame | None
+    rescored: pd.DataFrame | None
 
 
 def variant_names(request: StageRequest) -> tuple[list[str | None], str | None]:
@@ -128,17 +145,21 @@ def thresholds(request: StageRequest) -> tuple[dict[str, tuple[float, str]], flo
 # --- getting the data ---------------------------------------------------------------
 
 
-def run_variant(request: StageRequest, name: str | None) -> VariantRun:
+def run_variant(request: StageRequest, name: str | None, score_tokens: Path | None = None) -> VariantRun:
+    """One short run of a variant; with `score_tokens` (reference engine) its rollout path
+    scores that dump's responses instead of sampling its own."""
     label = name or REFERENCE_NAME
     try:
         resolved = resolve(request.loaded.recipe, STAGE, name)
     except KeyError as err:
         raise RecipeError(request.loaded.path, str(err.args[0])) from None
-    dump = request.out / f".{STAGE}.{file_safe(label)}.tokens.parquet"
+    kind = "rescored" if score_tokens else "tokens"
+    dump = request.out / f".{STAGE}.{file_safe(label)}.{kind}.parquet"
     if resolved.recipe.engine == "reference":
-        resolved = dataclasses.replace(resolved, args={**resolved.args, "dump-logprobs": str(dump)})
+        extra = {"dump-logprobs": str(dump)} | ({"score-tokens": str(score_tokens)} if score_tokens else {})
+        resolved = dataclasses.replace(resolved, args={**resolved.args, **extra})
     dump.unlink(missing_ok=True)
-    log_path = request.out / f".{STAGE}.{file_safe(label)}.log"
+    log_path = request.out / f".{STAGE}.{file_safe(label)}.{kind}.log"
     outcome = execute(request, resolved, render(resolved), log_path)
     lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
     log_path.unlink(missing_ok=True)
@@ -147,6 +168,31 @@ def run_variant(request: StageRequest, name: str | None) -> VariantRun:
         tokens = pd.read_parquet(dump)
         dump.unlink()
     return VariantRun(label, outcome.steps, tokens, lines, _failure(outcome))
+
+
+def rescore(request: StageRequest, runs: list[VariantRun], reference: str | None) -> None:
+    """Each other variant's rollout path on the reference variant's sampled tokens, where the
+    engine can score a dump (the reference engine); sets `rescored` on each such run."""
+    ref = next((r for r in runs if r.name == reference), None)
+    if request.loaded.recipe.engine != "reference" or ref is None or ref.tokens is None:
+        return
+    recipe = request.loaded.recipe
+    prompts = {key: resolve(recipe, STAGE, ref.name).args.get(key) for key in SAME_PROMPTS}
+    source = request.out / f".{STAGE}.{file_safe(ref.name)}.sampled.parquet"
+    ref.tokens.to_parquet(source)
+    try:
+        for run in runs:
+            same = all(resolve(recipe, STAGE, run.name).args.get(k) == v for k, v in prompts.items())
+            if run is ref or run.failure or not same:
+                continue  # other prompts or batch shape: compared on the shared prefix only
+            scored = run_variant(request, run.name, score_tokens=source)
+            run.rescore_log = [rescore_marker(run.name, ref.name), *scored.log_lines]
+            if scored.failure or scored.tokens is None:
+                run.failure = f"re-scoring {ref.name}'s tokens failed: {scored.failure or 'no dump'}"
+            else:
+                run.rescored = scored.tokens
+    finally:
+        source.unlink(missing_ok=True)
 
 
 def _failure(outcome: RunOutcome) -> str | None:
@@ -166,6 +212,8 @@ def split_log(lines: list[str], names: list[str | None]) -> dict[str, list[str]]
         if match:
             current = match.group("name")
             parts.setdefault(current, [])
+        elif RESCORE_MARKER.match(line.strip()):
+            current = None
         elif current is not None:
             parts[current].append(line)
     if not parts:
@@ -180,18 +228,22 @@ def from_log(request: StageRequest, names: list[str | None]) -> list[VariantRun]
     if not source.is_file():
         raise UsageError(f"--from-log {source}: no such file")
     lines = source.read_text(encoding="utf-8", errors="replace").splitlines()
-    tokens_path = source.with_name(f"{source.stem}.tokens.parquet")
-    tokens = pd.read_parquet(tokens_path) if tokens_path.is_file() else None
+    paths = {kind: source.with_name(f"{source.stem}.{kind}.parquet") for kind in ("tokens", "rescored")}
+    tables = {kind: pd.read_parquet(path) for kind, path in paths.items() if path.is_file()}
     runs = []
     for name, part in split_log(lines, names).items():
         steps = parse_lines(part).steps
-        mine = None
-        if tokens is not None and "variant" in tokens.columns:
-            mine = tokens[tokens["variant"] == name].drop(columns="variant")
-            mine = mine if len(mine) else None
+        mine = {kind: _variant_rows(table, name) for kind, table in tables.items()}
         failure = None if len(steps) else f"variant {name}: the log holds no rollout"
-        runs.append(VariantRun(name, steps, mine, part, failure))
+        runs.append(VariantRun(name, steps, mine.get("tokens"), part, failure, mine.get("rescored")))
     return runs
+
+
+def _variant_rows(table: pd.DataFrame, name: str) -> pd.DataFrame | None:
+    if "variant" not in table.columns:
+        return None
+    mine = table[table["variant"] == name].drop(columns="variant")
+    return mine if len(mine) else None
 
 
 # --- judging --------------------------------------------------------------------------
@@ -266,7 +318,7 @@ def judge_variant(run: VariantRun, limits: dict[str, tuple[float, str]],
             f"{verdict.limit:g}, {verdict.source})",
         ))
     checks.append(growth_check(run.name, growth))
-    return VariantVerdict(run.name, summary, checks, samples, abs_diffs, buckets, run.tokens)
+    return VariantVerdict(run.name, summary, checks, samples, abs_diffs, buckets, run.tokens, run.rescored)
 
 
 def compare(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any]:
@@ -296,18 +348,25 @@ def compare(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any
 
 
 def identical_tokens(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any]:
-    """Both rollout paths on the very same tokens (analysis.logprob.shared_prefix_pairs)."""
-    if variant.tokens is None or reference.tokens is None:
+    """Both rollout paths on the very same tokens: every token the reference sampled,
+    re-scored by the variant (analysis.logprob.rescored_pairs), else the shared prefix of the
+    first rollout (analysis.logprob.shared_prefix_pairs)."""
+    if reference.tokens is None:
         return {}
-    pairs = lp.shared_prefix_pairs(reference.tokens, variant.tokens)
+    if variant.rescored is not None:
+        method, pairs = "re-scored", lp.rescored_pairs(reference.tokens, variant.rescored)
+    elif variant.tokens is not None:
+        method, pairs = "shared prefix", lp.shared_prefix_pairs(reference.tokens, variant.tokens)
+    else:
+        return {}
     if pairs.empty:
-        return {"identical_tokens": {"tokens": 0}}
+        return {"identical_tokens": {"method": method, "tokens": 0}}
     st = lp.diff_stats(pairs)
+    extra = {"train_gap_max": float(pairs["train_gap"].max())} if "train_gap" in pairs else {}
     return {"identical_tokens": {
-        "tokens": st.tokens, "mean_abs_diff": st.token_mean_abs_diff, "mean_diff": st.mean_diff,
-        "p99_abs_diff": st.p99_abs_diff, "max_abs_diff": st.max_abs_diff,
-        "token_mult_prob_error": st.token_mult_prob_error,
-        "train_gap_max": float(pairs["train_gap"].max()),
+        "method": method, "tokens": st.tokens, "mean_abs_diff": st.token_mean_abs_diff,
+        "mean_diff": st.mean_diff, "p99_abs_diff": st.p99_abs_diff, "max_abs_diff": st.max_abs_diff,
+        "token_mult_prob_error": st.token_mult_prob_error, **extra,
     }}
 
 
@@ -337,9 +396,11 @@ def judge_all(runs: list[VariantRun], reference: str | None,
                 text = pair["message"]
             same = pair.get("identical_tokens")
             if same and same["tokens"]:
-                text += (f"; on {same['tokens']} identical tokens of the first rollout its rollout "
-                         f"logprobs differ from {pair['reference']}'s by {same['mean_abs_diff']:.4g} "
-                         f"on average (max {same['max_abs_diff']:.4g})")
+                where = (f"every token {pair['reference']} sampled, re-scored" if same["method"] == "re-scored"
+                         else "the tokens both sampled at the first rollout")
+                text += (f"; on {same['tokens']} identical tokens ({where}) its rollout logprobs "
+                         f"differ from {pair['reference']}'s by {same['mean_abs_diff']:.4g} on "
+                         f"average (mean signed {same['mean_diff']:+.4g}, max {same['max_abs_diff']:.4g})")
             checks.append(Check(id=f"{pair['variant']}:vs_{pair['reference']}", ok=True,
                                 severity="info", value=pair.get("shift"), message=text))
     if failures:
@@ -358,7 +419,7 @@ def write_outputs(request: StageRequest, runs: list[VariantRun],
     combined step table and the artifacts."""
     log_path = request.artifact(".log")
     if request.from_log is None or request.from_log.resolve() != log_path.resolve():
-        text = "\n".join(line for r in runs for line in [marker(r.name), *r.log_lines]) + "\n"
+        text = "\n".join(line for r in runs for line in [marker(r.name), *r.log_lines, *r.rescore_log]) + "\n"
         tmp = log_path.with_name(f".{log_path.name}.{os.getpid()}.tmp")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, log_path)
@@ -368,6 +429,10 @@ def write_outputs(request: StageRequest, runs: list[VariantRun],
     if token_tables:
         artifacts["tokens"] = str(write_steps(pd.concat(token_tables, ignore_index=True),
                                               request.artifact(".tokens.parquet")))
+    rescored = [r.rescored.assign(variant=r.name) for r in runs if r.rescored is not None]
+    if rescored:
+        artifacts["rescored"] = str(write_steps(pd.concat(rescored, ignore_index=True),
+                                                request.artifact(".rescored.parquet")))
     with_tokens = [v for v in verdicts if v.abs_diffs is not None]
     if with_tokens:
         from recipeval.analysis.plots import abs_diff_by_position, abs_diff_histogram
@@ -395,6 +460,7 @@ def run_logprob_diff(request: StageRequest) -> StageResult:
         runs = from_log(request, names)
     else:
         runs = [run_variant(request, name) for name in names]
+        rescore(request, runs, reference)
     judgement, verdicts = judge_all(runs, reference, limits, cutoff)
     steps, artifacts = write_outputs(request, runs, verdicts, cutoff)
     runner = "from-log" if request.from_log else request.runner or default_runner_name()

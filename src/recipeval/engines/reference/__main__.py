@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         run(config)
+    except ConfigError as exc:
+        print(f"python -m recipeval.engines.reference: error: {exc}", file=sys.stderr)
+        return 2
     except Stopped as stop:
         print(f"reference engine: stopped by {stop}", file=sys.stderr, flush=True)
         return 128 + stop.signum

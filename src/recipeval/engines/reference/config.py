@@ -61,6 +61,7 @@ class EngineConfig:
     rollout_compile: bool
     skip_weight_sync: bool
     dump_logprobs: Path | None
+    score_tokens: Path | None
     cache_dir: Path
     warm_start_steps: int
     warm_start_lr: float
@@ -160,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--skip-weight-sync", nargs="?", const=True, default=False, type=_bool_word,
          help="planted fault: never push trained weights to the rollout worker")
     flag("--dump-logprobs", type=Path, help="write per-token logprobs to this Parquet file")
+    flag("--score-tokens", type=Path,
+         help="score the responses of this --dump-logprobs file instead of sampling (same seed "
+              "and batch shape as the run that wrote it)")
     flag("--cache-dir", type=Path, default=None, help="warm-start cache folder")
     flag("--warm-start-steps", type=int, default=300)
     flag("--warm-start-lr", type=float, default=3e-3)
@@ -214,6 +218,7 @@ def parse_args(argv: list[str]) -> EngineConfig:
         rollout_compile=ns.rollout_compile,
         skip_weight_sync=ns.skip_weight_sync,
         dump_logprobs=ns.dump_logprobs,
+        score_tokens=ns.score_tokens,
         cache_dir=ns.cache_dir or _default_cache_dir(),
         warm_start_steps=ns.warm_start_steps,
         warm_start_lr=ns.warm_start_lr,

@@ -23,12 +23,17 @@ class Generation:
     mask: torch.Tensor  # (B, R) float32: 1 for sampled tokens up to and including EOS
 
 
+def sampler_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The distribution the sampler draws from, before top-p: log softmax(logits / T)."""
+    return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+
 def sample_tokens(
     logits: torch.Tensor, temperature: float, top_p: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; returns (token ids, their logprobs). Exponential-race sampling
     (argmax p / E, E ~ Exp(1)) draws from p without a host sync, so it runs inside a graph."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = sampler_logprobs(logits, temperature)
     probs = logp.exp()
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
@@ -74,6 +79,9 @@ class StaticCacheDecoder:
         self._initialised = False
 
     def _step(self, tokens: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return sample_tokens(self._step_logits(tokens, position), self.temperature, self.top_p)
+
+    def _step_logits(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         # Both position forms: transformers >= 5.2x reads position_ids (the cache keeps its own
         # write counter), older 5.x writes the cache at cache_position.
         out = self.model(
@@ -83,9 +91,12 @@ class StaticCacheDecoder:
             past_key_values=self.cache,
             use_cache=True,
         )
-        return sample_tokens(out.logits[:, -1], self.temperature, self.top_p)
+        return out.logits[:, -1]
 
     def _prefill(self, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return sample_tokens(self._prefill_logits(prompt_ids), self.temperature, self.top_p)
+
+    def _prefill_logits(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(self.prompt_len, device=self.device)
         self.cache.reset()  # in place: zero the buffers and the write counter
         self.cache.set_window(window_for(self.prompt_len, self.window_bucket, self.cache_len))
@@ -97,7 +108,7 @@ class StaticCacheDecoder:
             use_cache=True,
             logits_to_keep=1,
         )
-        return sample_tokens(out.logits[:, -1], self.temperature, self.top_p)
+        return out.logits[:, -1]
 
     def _initialise(self) -> None:
         """Allocate the cache (a first prefill) and capture one decode graph per window. Both write
@@ -159,6 +170,31 @@ class StaticCacheDecoder:
             finished |= token == EOS_ID
             steps = t + 1
         return _finish(tokens[:, :steps], logprobs[:, :steps], self.ignore_eos)
+
+
+    @torch.inference_mode()
+    def score(self, prompt_ids: torch.Tensor, response_ids: torch.Tensor) -> torch.Tensor:
+        """The sampler's logprobs of given responses (B, R): the same prefill and cached decode
+        steps as `generate`, each step fed the given token instead of a sampled one, so another
+        run's tokens are scored exactly as this rollout path would have sampled them. Eager
+        steps: a captured graph samples, and replays the same kernels anyway."""
+        if tuple(prompt_ids.shape) != (self.batch_size, self.prompt_len):
+            raise ValueError(f"expected prompts of shape {(self.batch_size, self.prompt_len)}")
+        if response_ids.shape[0] != self.batch_size or response_ids.shape[1] > self.max_new:
+            raise ValueError(f"expected at most {self.max_new} response tokens for {self.batch_size} samples")
+        if not self._initialised:
+            self._initialise()
+        given = response_ids.to(self.device)
+        logprobs = torch.zeros(given.shape, dtype=torch.float32, device=self.device)
+        logits = self._prefill_logits(prompt_ids.to(self.device))
+        for t in range(given.shape[1]):
+            if t:
+                self.cache.set_window(self._window(self.prompt_len + t - 1))
+                self._position.fill_(self.prompt_len + t - 1)
+                logits = self._step_logits(given[:, t - 1 : t], self._position)
+            logp = sampler_logprobs(logits, self.temperature)
+            logprobs[:, t] = logp.gather(-1, given[:, t : t + 1]).squeeze(-1)
+        return logprobs
 
 
 def _finish(tokens: torch.Tensor, logprobs: torch.Tensor, ignore_eos: bool) -> Generation:

@@ -1,9 +1,11 @@
 """Per-token logprob dump (Parquet): one row per response position of every sample, written one
-row group per rollout, so a run stopped part-way leaves a readable file of the rollouts done."""
+row group per rollout, so a run stopped part-way leaves a readable file of the rollouts done.
+`read_responses` reads one back for `--score-tokens`."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,42 @@ SCHEMA = pa.schema([
     ("logp_train", pa.float32()),
     ("loss_mask", pa.int8()),
 ])
+
+
+@dataclass(frozen=True)
+class Responses:
+    """One rollout's sampled responses, (samples, positions) each."""
+
+    token_ids: np.ndarray
+    loss_mask: np.ndarray
+
+
+class DumpError(ValueError):
+    """A dump that cannot be scored; the message names the file and what is wrong."""
+
+
+def read_responses(path: Path, samples: int) -> dict[int, Responses]:
+    """rollout id -> its responses, from a dump of a run with `samples` samples per rollout."""
+    try:
+        table = pq.read_table(path, columns=["rollout_id", "sample", "position", "token_id", "loss_mask"])
+    except (OSError, pa.ArrowInvalid, KeyError) as err:
+        raise DumpError(f"{path}: not a readable logprob dump ({str(err).splitlines()[0]})") from None
+    frame = table.to_pandas().sort_values(["rollout_id", "sample", "position"])
+    rollouts: dict[int, Responses] = {}
+    for rollout_id, part in frame.groupby("rollout_id", sort=True):
+        positions = int(part["position"].max()) + 1
+        if part["sample"].nunique() != samples or len(part) != samples * positions:
+            raise DumpError(
+                f"{path}: rollout {rollout_id} holds {part['sample'].nunique()} samples of ragged "
+                f"length or a count other than this run's {samples} (rollout-batch-size x "
+                "n-samples-per-prompt must match the run that wrote it)"
+            )
+        shape = (samples, positions)
+        rollouts[int(rollout_id)] = Responses(
+            part["token_id"].to_numpy(np.int64).reshape(shape),
+            part["loss_mask"].to_numpy(np.float32).reshape(shape),
+        )
+    return rollouts
 
 
 class LogprobDump:

@@ -4,6 +4,8 @@ Without Ray the rollout worker and the trainer are two objects in this process, 
 own weights; with Ray (inside a Ray job, or `--ray on`) they are two Ray actors and the weights
 travel through the object store. Either way the weight sync copies the trainer's weights into
 the rollout worker's own tensors; `--skip-weight-sync` (the planted fault) leaves them stale.
+With `--score-tokens DUMP` the rollout worker scores DUMP's responses instead of sampling, and
+the trainer trains on them: another variant's tokens under this variant's rollout path.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from typing import Any, Protocol
 
 import torch
 
-from recipeval.engines.reference.config import EngineConfig
-from recipeval.engines.reference.dump import LogprobDump
+from recipeval.engines.reference.config import ConfigError, EngineConfig
+from recipeval.engines.reference.dump import DumpError, LogprobDump, Responses, read_responses
 from recipeval.engines.reference.logfmt import MAIN, configure_logging
 from recipeval.engines.reference.modeling import resolve_device
 from recipeval.engines.reference.rollout import RolloutBatch, RolloutWorker, limit_cpu_threads
@@ -28,7 +30,7 @@ RAY_JOB_MARKER = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray's job supervisor fo
 
 
 class Workers(Protocol):
-    def generate(self, rollout_id: int) -> RolloutBatch: ...
+    def generate(self, rollout_id: int, given: Responses | None = None) -> RolloutBatch: ...
     def train(self, batch: RolloutBatch) -> TrainResult: ...
     def sync_weights(self) -> None: ...
     def log_perf(self, rollout_id: int, update_weights_time: float) -> dict[str, float]: ...
@@ -40,8 +42,8 @@ class LocalWorkers:
         self.rollout = RolloutWorker(config, state)
         self.trainer = Trainer(config, state)
 
-    def generate(self, rollout_id: int) -> RolloutBatch:
-        return self.rollout.generate(rollout_id)
+    def generate(self, rollout_id: int, given: Responses | None = None) -> RolloutBatch:
+        return self.rollout.generate(rollout_id, given)
 
     def train(self, batch: RolloutBatch) -> TrainResult:
         return self.trainer.train(batch)
@@ -74,8 +76,8 @@ class RayWorkers:
         self.trainer = trainer_cls.remote(config, state_ref)
         ray.get([self.rollout.__ray_ready__.remote(), self.trainer.__ray_ready__.remote()])
 
-    def generate(self, rollout_id: int) -> RolloutBatch:
-        return self._ray.get(self.rollout.generate.remote(rollout_id))
+    def generate(self, rollout_id: int, given: Responses | None = None) -> RolloutBatch:
+        return self._ray.get(self.rollout.generate.remote(rollout_id, given))
 
     def train(self, batch: RolloutBatch) -> TrainResult:
         return self._ray.get(self.trainer.train.remote(batch))
@@ -97,19 +99,45 @@ def use_ray(config: EngineConfig) -> bool:
     return config.ray == "on" or (config.ray == "auto" and RAY_JOB_MARKER in os.environ)
 
 
+def read_given(config: EngineConfig) -> dict[int, Responses] | None:
+    """The responses `--score-tokens` names, one per rollout this run makes."""
+    if config.score_tokens is None:
+        return None
+    if not config.score_tokens.is_file():
+        raise ConfigError(f"--score-tokens {config.score_tokens}: no such file")
+    try:
+        given = read_responses(config.score_tokens, config.samples_per_rollout)
+    except DumpError as err:
+        raise ConfigError(f"--score-tokens {err}") from None
+    missing = [i for i in range(config.num_rollout) if i not in given]
+    if missing:
+        raise ConfigError(
+            f"--score-tokens {config.score_tokens} holds rollouts {sorted(given)}, not rollout "
+            f"{missing[0]}; set --num-rollout to at most the rollouts it holds"
+        )
+    too_long = max(r.token_ids.shape[1] for r in given.values())
+    if too_long > config.rollout_max_response_len:
+        raise ConfigError(
+            f"--score-tokens {config.score_tokens} holds {too_long}-token responses, more than "
+            f"--rollout-max-response-len {config.rollout_max_response_len}"
+        )
+    return given
+
+
 def run(config: EngineConfig) -> list[dict[str, Any]]:
     """Run num_rollout rollout/train/sync cycles; returns one summary dict per rollout id."""
     configure_logging()
     limit_cpu_threads(config)
     device = resolve_device(config)
     logger.info(f"reference engine: device {device}, ray {use_ray(config)}, config {config.to_dict()}")
+    given = read_given(config)
     state = initial_state(config, device)
     workers: Workers = RayWorkers(config, state) if use_ray(config) else LocalWorkers(config, state)
     dump = LogprobDump(config.dump_logprobs) if config.dump_logprobs else None
     history: list[dict[str, Any]] = []
     try:
         for rollout_id in range(config.num_rollout):
-            batch = workers.generate(rollout_id)
+            batch = workers.generate(rollout_id, given[rollout_id] if given else None)
             result = workers.train(batch)
             if dump is not None:
                 dump.write(

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from recipeval.engines.reference.config import EngineConfig
-from recipeval.engines.reference.decode import StaticCacheDecoder
+from recipeval.engines.reference.decode import Generation, StaticCacheDecoder
+from recipeval.engines.reference.dump import Responses
 from recipeval.engines.reference.logfmt import ROLLOUT, configure_logging, metrics_message
 from recipeval.engines.reference.modeling import DTYPES, build_model, cast_weights, resolve_device
 from recipeval.engines.reference.task import PROMPT_TOKENS, problems, reward
@@ -62,14 +63,20 @@ class RolloutWorker:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def generate(self, rollout_id: int) -> RolloutBatch:
+    def generate(self, rollout_id: int, given: Responses | None = None) -> RolloutBatch:
+        """Sample this rollout's responses, or with `given` (another run's responses to the
+        same prompts) score those under this rollout path instead of sampling."""
         config = self.config
         start = time.perf_counter()
         batch = problems(config.seed, "rollout", rollout_id, config.rollout_batch_size)
         expanded = [p for p in batch for _ in range(config.n_samples_per_prompt)]
         prompt_ids = torch.tensor([p.prompt_ids() for p in expanded])
-        torch.manual_seed(config.seed * 1_000_003 + rollout_id)
-        generation = self.decoder.generate(prompt_ids)
+        if given is None:
+            torch.manual_seed(config.seed * 1_000_003 + rollout_id)
+            generation = self.decoder.generate(prompt_ids)
+        else:
+            tokens, mask = torch.from_numpy(given.token_ids), torch.from_numpy(given.loss_mask)
+            generation = Generation(tokens, self.decoder.score(prompt_ids, tokens).cpu() * mask, mask)
         # .to(cpu) then clone: plain tensors (not inference-mode ones) that autograd may use.
         response_ids = generation.tokens.cpu().clone()
         rewards = torch.tensor(
