@@ -9,8 +9,10 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -237,11 +239,9 @@ def test_slurm_settings_from_environment_and_ungrouped_stages(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_full_default_dag_then_nothing_to_do_then_one_recipe_reruns(tmp_path: Path) -> None:
-    work = _workdir(tmp_path)
-    # The tiny recipe as shipped, except its bench overlay's 8k responses (minutes per rollout
-    # on a 2-core CI machine): 32 tokens keep every stage, gate and table path the same.
-    _copy_recipe(TINY, work / "recipes/local/tiny-grpo-cpu.yaml", "tiny-grpo-cpu",
-                 **{"rollout-max-response-len: 8192": "rollout-max-response-len: 32"})
+    # The tiny recipe as shipped: its bench runs 8192-token responses (~25 s a step here) and
+    # must stop by itself once its intervals are tight enough.
+    work = _workdir(tmp_path, TINY)
     # A second recipe that env_check rejects (TP does not divide the 4 heads): its later stages
     # are skipped, the tiny one runs on, and publish shows both.
     broken = _copy_recipe(TINY, work / "recipes/local/tiny-bad-layout.yaml", "tiny-bad-layout",
@@ -255,6 +255,12 @@ def test_full_default_dag_then_nothing_to_do_then_one_recipe_reruns(tmp_path: Pa
               for s in ("env_check", "smoke", "logprob_diff", "bench")}
     assert [status[("tiny-grpo-cpu", s)] for s in ("env_check", "smoke", "logprob_diff", "bench")] \
         == ["pass"] * 4
+    bench = json.loads((results / "tiny-grpo-cpu/bench.json").read_text())["summary"]
+    print({m: (round(e["estimate"], 2), round(e["rel_width"], 4), e["used"])
+           for m, e in bench["metrics"].items()}, bench["steps"], bench["stop"])
+    assert bench["stop"] == "precise" and bench["steps"] < 20, bench
+    bench_steps = pd.read_parquet(results / "tiny-grpo-cpu/bench.steps.parquet")
+    assert (bench_steps["rollout/response_len/mean"].dropna() == 8192).all()
     assert status[("tiny-bad-layout", "env_check")] == "fail"
     assert {status[("tiny-bad-layout", s)] for s in ("smoke", "logprob_diff", "bench")} == {"skipped"}
     table = (results / "tables/benchmarks.md").read_text()
@@ -278,3 +284,13 @@ def test_full_default_dag_then_nothing_to_do_then_one_recipe_reruns(tmp_path: Pa
     assert (results / "tiny-grpo-cpu/bench.json").stat().st_mtime == good_mtime
     runs = sorted(p.parent.name for p in (results / "history").glob("*/*.json"))
     assert runs == ["tiny-bad-layout", "tiny-bad-layout", "tiny-grpo-cpu"]
+
+    # `snakemake --report`: the tables and every plot as report items.
+    report = snakemake(work, "--report", str(work / "report.zip"), *args)
+    assert report.returncode == 0, report.stderr[-3000:]
+    with zipfile.ZipFile(work / "report.zip") as archive:
+        names = archive.namelist()
+    for item in ("benchmarks.html", "benchmarks.csv", "_overview/steady-state-times.png",
+                 "tiny-grpo-cpu/bench-plot.png", "tiny-grpo-cpu/logprob_diff-histogram.png",
+                 "tiny-grpo-cpu/logprob_diff-by_position.png"):
+        assert any(n.endswith(item) for n in names), (item, names)
