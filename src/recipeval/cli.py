@@ -316,15 +316,16 @@ def publish(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def nightly(
     ctx: typer.Context,
-    profile: Annotated[str | None, typer.Option(help="Snakemake profile, e.g. slurm-amd")] = None,
+    profile: Annotated[list[str] | None, typer.Option(help="Snakemake profile, e.g. slurm-amd (repeatable: later ones override)")] = None,
     cores: Annotated[str | None, typer.Option(help="Snakemake --cores")] = None,
     verdict: Annotated[Path, typer.Option(help="the verdict publish writes")] = Path("results/regression.json"),
 ) -> None:
     """Rerun every stage of every selected recipe (snakemake --forceall; further arguments go
-    to snakemake), publish, and exit 1 when a recipe failed or regressed (3: no verdict)."""
+    to snakemake), publish, and exit 1 when a recipe failed or regressed (3: no verdict).
+    SIGTERM cancels the cluster jobs (passed to snakemake as SIGINT) and exits 143."""
     from recipeval.publish.nightly import nightly as run_nightly
 
-    raise typer.Exit(run_nightly(profile, cores, verdict, list(ctx.args)))
+    raise typer.Exit(run_nightly(profile or [], cores, verdict, list(ctx.args)))
 
 
 def main() -> None:

@@ -1,22 +1,29 @@
 """`recipeval nightly`: rerun every selected recipe's DAG from scratch with the environment
-of tonight, then turn the published verdict into an exit status."""
+of tonight, then turn the published verdict into an exit status.
+
+A scheduler or CI runner stops a job with SIGTERM, which Snakemake takes as "finish the
+running jobs first": cluster jobs would run on for hours after the nightly was stopped. The
+nightly passes SIGTERM (and SIGHUP) on as SIGINT, on which Snakemake cancels its cluster jobs
+(scancel) and exits."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import FrameType
 
 EXIT_OK, EXIT_REGRESSED, EXIT_ERROR = 0, 1, 3
 
 
-def snakemake_argv(profile: str | None, cores: str | None, extra: list[str]) -> list[str]:
+def snakemake_argv(profiles: list[str], cores: str | None, extra: list[str]) -> list[str]:
     # --forceall: the recipes may be unchanged while the trainer stack moved (miles #2040),
     # so every stage runs again; the history is not a Snakemake output and is kept.
     argv = [sys.executable, "-m", "snakemake", "--forceall"]
-    if profile:
+    for profile in profiles:
         argv += ["--profile", profile]
     if cores:
         argv += ["--cores", cores]
@@ -30,18 +37,44 @@ def read_verdict(path: Path, not_before: float) -> dict | None:
     return json.loads(path.read_text())
 
 
-def nightly(profile: str | None, cores: str | None, verdict_path: Path, extra: list[str]) -> int:
+def run_cancellable(argv: list[str]) -> tuple[int, int | None]:
+    """Run snakemake; SIGTERM/SIGHUP to this process reach it as SIGINT. Returns its exit
+    status and the signal that stopped us, if one did."""
+    proc = subprocess.Popen(argv)
+    stopped_by: list[int] = []
+
+    def cancel(signum: int, frame: FrameType | None) -> None:
+        if not stopped_by:
+            print(f"recipeval nightly: {signal.Signals(signum).name}: cancelling snakemake's jobs",
+                  file=sys.stderr, flush=True)
+        stopped_by.append(signum)
+        proc.send_signal(signal.SIGINT)
+
+    previous = {sig: signal.signal(sig, cancel) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        returncode = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return returncode, (stopped_by[0] if stopped_by else None)
+
+
+def nightly(profiles: list[str], cores: str | None, verdict_path: Path, extra: list[str]) -> int:
     started = time.time()
-    proc = subprocess.run(snakemake_argv(profile, cores, extra), check=False)
+    returncode, stopped_by = run_cancellable(snakemake_argv(profiles, cores, extra))
+    if stopped_by is not None:
+        print(f"recipeval nightly: stopped by {signal.Signals(stopped_by).name} (snakemake exit "
+              f"{returncode}); no verdict", file=sys.stderr)
+        return 128 + stopped_by
     verdict = read_verdict(verdict_path, started)
     if verdict is None:
-        print(f"recipeval nightly: no fresh verdict at {verdict_path} (snakemake exit {proc.returncode})",
+        print(f"recipeval nightly: no fresh verdict at {verdict_path} (snakemake exit {returncode})",
               file=sys.stderr)
         return EXIT_ERROR
     bad = [r for r in verdict["recipes"] if r["status"] in ("failed", "regressed")]
     for rec in verdict["recipes"]:
         print(f"{rec['status']:9} {rec['recipe']}")
-    if proc.returncode != 0:
-        print(f"recipeval nightly: snakemake exited {proc.returncode}", file=sys.stderr)
+    if returncode != 0:
+        print(f"recipeval nightly: snakemake exited {returncode}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_REGRESSED if bad else EXIT_OK
