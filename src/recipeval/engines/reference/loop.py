@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from typing import Any, Protocol
 
@@ -27,6 +28,7 @@ from recipeval.engines.reference.warmstart import initial_state
 
 logger = logging.getLogger(MAIN)
 RAY_JOB_MARKER = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray's job supervisor for the entrypoint
+LOG_DRAIN_S = 2.0  # Ray's log monitor forwards within ~0.5 s on an idle machine
 
 
 class Workers(Protocol):
@@ -56,6 +58,11 @@ class LocalWorkers:
 
     def close(self) -> None:
         pass
+
+
+def _flush_std_streams(actor: object) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 class RayWorkers:
@@ -89,6 +96,15 @@ class RayWorkers:
         return self._ray.get(self.trainer.log_perf.remote(rollout_id, update_weights_time))
 
     def close(self) -> None:
+        # Ray forwards actor output to the driver asynchronously and loses what is still in
+        # flight when the driver exits (ray-project/ray#31931): the last rollout's log lines,
+        # which the stages count. Flush the actors, then give the log monitor time to deliver.
+        try:
+            self._ray.get([a.__ray_call__.remote(_flush_std_streams) for a in (self.rollout, self.trainer)],
+                          timeout=30)
+            time.sleep(LOG_DRAIN_S)
+        except Exception:  # noqa: BLE001 - a dead actor has nothing left to deliver
+            pass
         for actor in (self.rollout, self.trainer):
             self._ray.kill(actor)
         if self._started:
