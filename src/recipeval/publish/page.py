@@ -28,7 +28,9 @@ td.pass, .verdict.pass { background: #e3f4e6; } td.fail, .verdict.fail { backgro
 td.skip { background: #f4f4f4; color: #666; } td.better, .verdict.better { background: #e1edfb; }
 table.changes { border-collapse: collapse; font-size: 12px; margin: 0.4em 0 1em; }
 table.changes td, table.changes th { border: 1px solid #ddd; padding: 2px 6px; text-align: left; }
-.plots img { margin: 4px; border: 1px solid #eee; max-width: 100%; }
+.plots figure { display: inline-block; vertical-align: top; margin: 4px; max-width: 100%; }
+.plots img { border: 1px solid #eee; max-width: 100%; }
+.plots figcaption { font-size: 0.85em; color: #555; }
 """
 
 
@@ -63,7 +65,10 @@ def _changes_html(verdict: RecipeVerdict) -> str:
 def _plots_html(figures: list[Figure]) -> str:
     if not figures:
         return "<p>No metrics to plot yet.</p>"
-    return '<div class="plots">' + "".join(_img(f.png, f.title) for f in figures) + "</div>"
+    return '<div class="plots">' + "".join(
+        f"<figure>{_img(f.png, f.title)}<figcaption>{html.escape(f.title)}</figcaption></figure>"
+        for f in figures
+    ) + "</div>"
 
 
 def render_page(
