@@ -4,10 +4,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh || exit 1
 export PATH="$PWD/.venv/bin:$PATH"
-# The Slurm end-to-end module passes on its own but failed inside the full suite (session 1);
-# until that is understood it runs only on request.
+# RECIPEVAL_SLURM_E2E=0 leaves out the pipeline-through-Slurm module (about a quarter of the
+# suite's time) for a quick local run; CI runs everything.
 marker=()
-if [ "${RECIPEVAL_SLURM_E2E:-0}" != 1 ]; then
+if [ "${RECIPEVAL_SLURM_E2E:-1}" = 0 ]; then
   marker=(-m "not slurm_e2e")
 fi
 .venv/bin/python -m pytest "${marker[@]}" "$@"

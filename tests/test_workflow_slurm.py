@@ -169,6 +169,29 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.5) -> None:
         time.sleep(poll)
 
 
+def stop_with(proc: subprocess.Popen, signum: int) -> float:
+    """Send `signum` and wait for the process to exit; the seconds that took."""
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    proc.wait(timeout=120)
+    return time.monotonic() - sent
+
+
+def reap(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def wait_for_running_job(cluster: SlurmCluster, log_path: Path) -> str:
+    """The id of the first job the run at `log_path` submitted, once Slurm runs it."""
+    wait_for(lambda: SUBMITTED_LINE.search(log_path.read_text(errors="replace")), 120,
+             "the first job's submission")  # fmt: skip
+    job_id = SUBMITTED_LINE.search(log_path.read_text(errors="replace")).group(1)
+    wait_for(lambda: cluster.job_state(job_id) == "RUNNING", 60, f"job {job_id} to run")
+    return job_id
+
+
 def assert_nothing_left(cluster: SlurmCluster, job_ids: list[str], workdir: Path) -> None:
     """No job of the run still in the queue, no process of its jobs (Ray included: it inherits
     the job's environment), no process running from its working directory."""
@@ -223,16 +246,18 @@ def test_pipeline_runs_through_slurm_with_gres_and_the_slurm_runner(
     summary: list[str],
     tmp_path: Path,
 ) -> None:
-    # Only smoke among the GPU stages, to keep CI short: each stage starts its own Ray head in
-    # the allocation (20-90 s on a loaded 2-core machine), and the tiny recipe's bench (8192-token
-    # responses) takes over a minute per step through Ray here. The local end-to-end DAG test
-    # covers the other stages; tests/test_workflow.py checks the group of all GPU stages.
-    # One allocation at a time: two Ray heads starting at once on a loaded 2-core machine
+    # Every stage, the GPU ones of each recipe grouped in one allocation. The tiny CPU recipe's
+    # bench runs 16-token responses here (its 8192-token bench takes minutes a step through
+    # Ray on this machine; the local end-to-end DAG test runs that one), as the 2-GPU recipe's
+    # does. One allocation at a time: two Ray heads starting at once on a loaded 2-core machine
     # time out in Ray's own start-up ("The current node timed out during startup").
-    argv = snakemake_argv(
-        tmp_path, [TINY_CPU, TINY_GPU], ["stages=[env_check,smoke]"], "--jobs", "1"
-    )
-    run = run_snakemake(argv, tmp_path, profiles_env, timeout=1500)
+    tiny_cpu = tmp_path / "recipes" / TINY_CPU.name
+    tiny_cpu.parent.mkdir()
+    text = TINY_CPU.read_text()
+    assert "rollout-max-response-len: 8192" in text
+    tiny_cpu.write_text(text.replace("rollout-max-response-len: 8192", "rollout-max-response-len: 16"))
+    argv = snakemake_argv(tmp_path, [tiny_cpu, TINY_GPU], [], "--jobs", "1")
+    run = run_snakemake(argv, tmp_path, profiles_env, timeout=1800)
     try:
         jobs = report(run, slurm_cluster, summary, "pipeline (tiny CPU + 2-GPU recipe)")
         table = (tmp_path / "results/tables/benchmarks.md").read_text()
@@ -250,24 +275,34 @@ def test_pipeline_runs_through_slurm_with_gres_and_the_slurm_runner(
     assert sorted(by_gres) == sorted(["none", gres]), by_gres
     for job in jobs.values():
         assert job["JobState"] == "COMPLETED"
-        assert job["Comment"] == "rule_gpu_stages_smoke"
+        assert job["Comment"] == "rule_gpu_stages_bench_logprob_diff_smoke"
         assert job["Partition"] == slurm_cluster.partition
         assert (job["NumNodes"], job["NumCPUs"]) == ("1", "2")
-        # The smoke stage's 10 min timeout * 1.1 + 10 min margin.
-        assert job["TimeLimit"] == "00:21:00"
+        # Each stage's timeout * 1.1 + 10 min, summed over the group: smoke and logprob_diff
+        # 10 min -> 21 each, bench 20 min -> 32.
+        assert job["TimeLimit"] == "01:14:00"
 
     # Snakemake saw every job finish.
-    assert run.finished_rules == sorted(["all", "publish"] + ["env_check", "smoke"] * 2)
+    stages = ["env_check", "smoke", "logprob_diff", "bench"]
+    assert run.finished_rules == sorted(["all", "publish"] + stages * 2)
     assert re.search(r"(\d+) of \1 steps \(100%\) done", run.log)
 
-    # Each stage ran inside its allocation through the slurm runner (Ray head there).
+    # Each GPU stage ran inside its allocation through the slurm runner (Ray head there).
     for recipe, gpus in (("tiny-grpo-cpu", 0), ("tiny-grpo-2gpu", 2)):
         assert stage_result(tmp_path, recipe, "env_check")["status"] == "pass"
-        result = stage_result(tmp_path, recipe, "smoke")
-        assert result["status"] == "pass", (recipe, result["message"])
-        info = result["summary"]["runner_info"]
-        assert info["runner"] == "slurm", info
+        for stage in stages[1:]:
+            result = stage_result(tmp_path, recipe, stage)
+            assert result["status"] == "pass", (recipe, stage, result["message"])
+            assert result["summary"]["runner"] == "slurm", (recipe, stage, result["summary"])
+        info = stage_result(tmp_path, recipe, "smoke")["summary"]["runner_info"]
         assert info["nodes"] == [slurm_cluster.node] and info["gpus_per_node"] == gpus
+        # 16-token steps last ~0.1 s and wander by more than 10 %: the bench may run to its
+        # max_steps (a warning); what counts here is that it judged a steady state at all.
+        bench = stage_result(tmp_path, recipe, "bench")["summary"]
+        assert bench["stop"] in ("precise", "max_steps") and bench["steps"] >= 5, bench
+        assert {"perf/rollout_time", "cycle_time"} <= set(bench["metrics"]), bench["metrics"]
+        pair = stage_result(tmp_path, recipe, "logprob_diff")["summary"]["pairwise"][0]
+        assert pair["identical_tokens"]["method"] == "re-scored"
     # The GPU recipe's env_check is static here: the submit host has none of its GPUs.
     probe = stage_result(tmp_path, "tiny-grpo-2gpu", "env_check")
     assert not any(c["id"].startswith("probe.") for c in probe["checks"])
@@ -327,12 +362,8 @@ def test_sigterm_waits_for_running_jobs_and_sigint_cancels_them(
     )
     log_path = tmp_path / "snakemake.log"
     proc = start_snakemake(argv, tmp_path, profiles_env)
-    job_id = None
     try:
-        wait_for(lambda: SUBMITTED_LINE.search(log_path.read_text(errors="replace")), 120,
-                 "the smoke job's submission")  # fmt: skip
-        job_id = SUBMITTED_LINE.search(log_path.read_text(errors="replace")).group(1)
-        wait_for(lambda: slurm_cluster.job_state(job_id) == "RUNNING", 60, f"job {job_id} to run")
+        job_id = wait_for_running_job(slurm_cluster, log_path)
 
         # SIGTERM is Snakemake's graceful stop: it waits for running jobs, cancels nothing.
         proc.send_signal(signal.SIGTERM)
@@ -342,14 +373,9 @@ def test_sigterm_waits_for_running_jobs_and_sigint_cancels_them(
         assert proc.poll() is None and slurm_cluster.job_state(job_id) == "RUNNING"
 
         # SIGINT (Ctrl-C) cancels its Slurm jobs (scancel) and exits.
-        cancelled_at = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
-        exit_s = time.monotonic() - cancelled_at
+        exit_s = stop_with(proc, signal.SIGINT)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     log = log_path.read_text(errors="replace")
     print("\n".join(m.group(0) for m in SUBMITTED_LINE.finditer(log)))
     state = slurm_cluster.job_state(job_id)
@@ -360,4 +386,35 @@ def test_sigterm_waits_for_running_jobs_and_sigint_cancels_them(
     assert proc.returncode != 0
     assert state == "CANCELLED", log[-3000:]
     assert "Terminating processes on user request" in log
+    assert_nothing_left(slurm_cluster, [job_id], tmp_path)
+
+
+def test_sigterm_to_nightly_cancels_its_slurm_jobs(
+    slurm_cluster: SlurmCluster,
+    profiles_env: dict[str, str],
+    summary: list[str],
+    tmp_path: Path,
+) -> None:
+    # What a CI timeout or a cron kill sends: the nightly turns it into Snakemake's cancel.
+    files = f"recipes={{globs: [], files: [{TINY_SLOW}]}}"
+    argv = [
+        str(BIN / "recipeval"), "nightly", "--profile", "slurm-amd", "--profile", "ci-slurm",
+        "--verdict", str(tmp_path / "results/regression.json"),
+        "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+        "--config", files, "stages=[env_check,smoke]", "runner=local", "gpu_group=none",
+    ]  # fmt: skip
+    log_path = tmp_path / "snakemake.log"
+    proc = start_snakemake(argv, tmp_path, profiles_env)
+    try:
+        job_id = wait_for_running_job(slurm_cluster, log_path)
+        exit_s = stop_with(proc, signal.SIGTERM)
+    finally:
+        reap(proc)
+    log = log_path.read_text(errors="replace")
+    state = slurm_cluster.job_state(job_id)
+    summary.append(f"nightly: SIGTERM -> job {job_id} {state}, exit {proc.returncode} after {exit_s:.1f}s")
+    assert proc.returncode == 128 + signal.SIGTERM, log[-3000:]
+    assert state == "CANCELLED", log[-3000:]
+    assert "SIGTERM: cancelling snakemake's jobs" in log
+    assert "stopped by SIGTERM" in log and "no verdict" in log
     assert_nothing_left(slurm_cluster, [job_id], tmp_path)
