@@ -34,6 +34,7 @@ def test_outside_an_allocation_the_error_says_what_to_do():
 import json
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -117,3 +118,21 @@ def test_slurm_runner_in_sbatch_runs_a_job_on_the_allocation(slurm_cluster, tmp_
     assert sum("step 2:" in line for line in done["lines"]) == 1
     assert job_processes(job) == []
     assert _no_process_names(done["info"]["ray_temp_dir"])
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_worker_node_that_cannot_join_fails_the_start_at_once(slurm_cluster, tmp_path):  # noqa: F811
+    """The multi-node path as far as one node allows: the head starts here, the `srun` Ray
+    worker for a node Slurm does not know exits, and the runner says so at once (it would
+    otherwise wait out its join timeout) and leaves no Ray behind."""
+    environ = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": f"{slurm_cluster.node},nosuchnode",
+               "SLURM_JOB_NUM_NODES": "2", "TMPDIR": str(tmp_path)}
+    ray_dirs = set(Path(tempfile.gettempdir()).glob("rv-ray-*"))
+    started = time.monotonic()
+    with pytest.raises(RunnerError, match="Ray worker on nosuchnode exited") as failure:
+        SlurmRunner(environ=environ, join_timeout=600)
+    assert time.monotonic() - started < 240, failure.value
+    # The head was stopped: its Ray temp dir and its log are gone.
+    assert set(Path(tempfile.gettempdir()).glob("rv-ray-*")) <= ray_dirs
+    assert list((tmp_path / "recipeval-slurm-1").glob("ray-head-*.log")) == []

@@ -9,7 +9,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from recipeval.runners import ray_head
@@ -101,7 +101,17 @@ class SlurmRunner(RayRunner):
                 subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
             )
             log.close()
-        wait_for_nodes(self._head.dashboard, self.nodes, self.gpus * len(self.nodes), join_timeout)
+        wait_for_nodes(self._head.dashboard, self.nodes, self.gpus * len(self.nodes), join_timeout,
+                       self._exited)
+
+    def _exited(self) -> str | None:
+        """What of the cluster being started has already died, if anything."""
+        if self._head is not None and not ray_head.head_alive(self._head):
+            return f"the Ray head exited (its log: {self._head.log})"
+        for node, worker in zip(self.nodes[1:], self.workers, strict=False):
+            if worker.poll() is not None:
+                return f"the Ray worker on {node} exited with status {worker.returncode} (srun)"
+        return None
 
     def describe(self) -> dict[str, object]:
         return {
@@ -129,14 +139,20 @@ class SlurmRunner(RayRunner):
         super().close()
 
 
-def wait_for_nodes(dashboard: str, nodes: list[str], gpus: int, timeout: float) -> None:
+def wait_for_nodes(
+    dashboard: str, nodes: list[str], gpus: int, timeout: float,
+    exited: Callable[[], str | None] = lambda: None,
+) -> None:
     """Block until every node is ALIVE in Ray and the GPU total is reached; else name what is
-    missing."""
+    missing. `exited` says what part of the cluster died, if one did: waiting on stops then."""
     from ray.util.state import list_nodes
 
     end = time.monotonic() + timeout
     joined: dict[str, float] = {}
     while True:
+        dead = exited()
+        if dead:
+            raise RunnerError(f"Ray cluster start failed: {dead}")
         try:
             states = list_nodes(address=dashboard, timeout=10)
         except Exception:  # noqa: BLE001 - the state API answers only once the head is up
