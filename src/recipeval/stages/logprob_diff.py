@@ -18,10 +18,11 @@ with its 95 % Welch interval and a Mann-Whitney p-value, so a backend change rea
 difference with its uncertainty; and the two rollout paths compared directly on identical
 tokens, free of sampling noise. Where the engine can re-score a dump (the reference engine,
 through --score-tokens), each variant's rollout path scores every token the reference variant
-sampled, at every rollout (a variant that changes only the rollout side trains on those tokens
-exactly as the reference did, so the weights match too). Otherwise, where both variants dumped
-tokens, the comparison falls back to the tokens both sampled at the first rollout (same
-weights, same seed: the shared prefix of each response).
+sampled at the first rollout, where both sides hold the very same weights (later rollouts
+follow a trainer that on a GPU does not repeat itself bit for bit: on an H200 a run's own
+re-score matched its sampled logprobs bitwise at rollout 0 and not at rollout 1). Otherwise,
+where both variants dumped tokens, the comparison falls back to the tokens both sampled at the
+first rollout (same weights, same seed: the shared prefix of each response).
 
 Files: DIR/logprob_diff.json, .log (the variants' logs, each after a marker line),
 .steps.parquet, .tokens.parquet and .rescored.parquet (with a `variant` column), .hist.png,
@@ -70,8 +71,7 @@ CUTOFF_KEY = "abs_diff_cutoff"
 GROWTH_RELATIVE, GROWTH_FLOOR = 0.5, 0.02
 MARKER = re.compile(r"^=== recipeval logprob_diff variant (?P<name>.+) ===$")
 # Args that must match for one variant to re-score another's tokens (same prompts, same shape).
-SAME_PROMPTS = ("seed", "rollout-batch-size", "n-samples-per-prompt", "num-rollout",
-                "rollout-max-response-len")
+SAME_PROMPTS = ("seed", "rollout-batch-size", "n-samples-per-prompt", "rollout-max-response-len")
 # The re-scoring runs' logs follow this marker; judging a log leaves them out.
 RESCORE_MARKER = re.compile(r"^=== recipeval logprob_diff rescoring .+ ===$")
 WORST_ROLLOUT_CHECKS = ("token_mult_prob_error", "prob_abs_diff_mean")
@@ -146,8 +146,8 @@ def thresholds(request: StageRequest) -> tuple[dict[str, tuple[float, str]], flo
 
 
 def run_variant(request: StageRequest, name: str | None, score_tokens: Path | None = None) -> VariantRun:
-    """One short run of a variant; with `score_tokens` (reference engine) its rollout path
-    scores that dump's responses instead of sampling its own."""
+    """One short run of a variant; with `score_tokens` (reference engine) one rollout in which
+    its rollout path scores that dump's responses instead of sampling its own."""
     label = name or REFERENCE_NAME
     try:
         resolved = resolve(request.loaded.recipe, STAGE, name)
@@ -156,7 +156,9 @@ def run_variant(request: StageRequest, name: str | None, score_tokens: Path | No
     kind = "rescored" if score_tokens else "tokens"
     dump = request.out / f".{STAGE}.{file_safe(label)}.{kind}.parquet"
     if resolved.recipe.engine == "reference":
-        extra = {"dump-logprobs": str(dump)} | ({"score-tokens": str(score_tokens)} if score_tokens else {})
+        extra = {"dump-logprobs": str(dump)}
+        if score_tokens:
+            extra |= {"score-tokens": str(score_tokens), "num-rollout": 1}
         resolved = dataclasses.replace(resolved, args={**resolved.args, **extra})
     dump.unlink(missing_ok=True)
     log_path = request.out / f".{STAGE}.{file_safe(label)}.{kind}.log"
@@ -171,15 +173,15 @@ def run_variant(request: StageRequest, name: str | None, score_tokens: Path | No
 
 
 def rescore(request: StageRequest, runs: list[VariantRun], reference: str | None) -> None:
-    """Each other variant's rollout path on the reference variant's sampled tokens, where the
-    engine can score a dump (the reference engine); sets `rescored` on each such run."""
+    """Each other variant's rollout path on the reference variant's first-rollout tokens, where
+    the engine can score a dump (the reference engine); sets `rescored` on each such run."""
     ref = next((r for r in runs if r.name == reference), None)
     if request.loaded.recipe.engine != "reference" or ref is None or ref.tokens is None:
         return
     recipe = request.loaded.recipe
     prompts = {key: resolve(recipe, STAGE, ref.name).args.get(key) for key in SAME_PROMPTS}
     source = request.out / f".{STAGE}.{file_safe(ref.name)}.sampled.parquet"
-    ref.tokens.to_parquet(source)
+    ref.tokens[ref.tokens["rollout_id"] == ref.tokens["rollout_id"].min()].to_parquet(source)
     try:
         for run in runs:
             same = all(resolve(recipe, STAGE, run.name).args.get(k) == v for k, v in prompts.items())
@@ -348,13 +350,14 @@ def compare(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any
 
 
 def identical_tokens(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any]:
-    """Both rollout paths on the very same tokens: every token the reference sampled,
-    re-scored by the variant (analysis.logprob.rescored_pairs), else the shared prefix of the
-    first rollout (analysis.logprob.shared_prefix_pairs)."""
+    """Both rollout paths on the very same tokens: every token the reference sampled at the
+    first rollout, re-scored by the variant (analysis.logprob.rescored_pairs), else the shared
+    prefix of the first rollout (analysis.logprob.shared_prefix_pairs)."""
     if reference.tokens is None:
         return {}
     if variant.rescored is not None:
-        method, pairs = "re-scored", lp.rescored_pairs(reference.tokens, variant.rescored)
+        first = reference.tokens[reference.tokens["rollout_id"].isin(variant.rescored["rollout_id"])]
+        method, pairs = "re-scored", lp.rescored_pairs(first, variant.rescored)
     elif variant.tokens is not None:
         method, pairs = "shared prefix", lp.shared_prefix_pairs(reference.tokens, variant.tokens)
     else:
@@ -396,7 +399,8 @@ def judge_all(runs: list[VariantRun], reference: str | None,
                 text = pair["message"]
             same = pair.get("identical_tokens")
             if same and same["tokens"]:
-                where = (f"every token {pair['reference']} sampled, re-scored" if same["method"] == "re-scored"
+                where = (f"every token {pair['reference']} sampled at the first rollout, re-scored"
+                         if same["method"] == "re-scored"
                          else "the tokens both sampled at the first rollout")
                 text += (f"; on {same['tokens']} identical tokens ({where}) its rollout logprobs "
                          f"differ from {pair['reference']}'s by {same['mean_abs_diff']:.4g} on "
