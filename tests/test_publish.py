@@ -70,7 +70,7 @@ def test_stage_plots_become_plot_files_and_stale_ones_go(tmp_path: Path) -> None
     publish([results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings(), True)
     copied = results / "tables/plots/deepseek-v4-flash-4node-mi355x/bench-plot.png"
     assert copied.read_bytes() == drawn.read_bytes()
-    assert not stale.exists()
+    assert not stale.exists() and not stale.parent.exists()
     html = (results / "tables/benchmarks.html").read_text()
     assert 'alt="deepseek-v4-flash-4node-mi355x bench plot"' in html
 

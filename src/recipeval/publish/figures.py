@@ -95,6 +95,9 @@ def write_figures(figures: list[Figure], folder: Path) -> None:
     for old in folder.glob("*/*.png") if folder.is_dir() else []:
         if old not in wanted:
             old.unlink()
+    for group in folder.glob("*/") if folder.is_dir() else []:
+        if not any(group.iterdir()):
+            group.rmdir()
     for figure in figures:
         path = folder / figure.group / f"{figure.name}.png"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -171,13 +171,13 @@ class StaticCacheDecoder:
             steps = t + 1
         return _finish(tokens[:, :steps], logprobs[:, :steps], self.ignore_eos)
 
-
     @torch.inference_mode()
     def score(self, prompt_ids: torch.Tensor, response_ids: torch.Tensor) -> torch.Tensor:
         """The sampler's logprobs of given responses (B, R): the same prefill and cached decode
         steps as `generate`, each step fed the given token instead of a sampled one, so another
         run's tokens are scored exactly as this rollout path would have sampled them. Eager
-        steps: a captured graph samples, and replays the same kernels anyway."""
+        steps: a captured graph samples, and replays the same kernels anyway (on an H200 a
+        run's own tokens re-scored to bitwise the sampled logprobs)."""
         if tuple(prompt_ids.shape) != (self.batch_size, self.prompt_len):
             raise ValueError(f"expected prompts of shape {(self.batch_size, self.prompt_len)}")
         if response_ids.shape[0] != self.batch_size or response_ids.shape[1] > self.max_new:
