@@ -138,11 +138,23 @@ class StaticCacheDecoder:
     def _window(self, position: int) -> int:
         return window_for(position + 1, self.window_bucket, self.cache_len)
 
-    def _decode(self, tokens: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _ready(self, prompt_ids: torch.Tensor) -> None:
+        if tuple(prompt_ids.shape) != (self.batch_size, self.prompt_len):
+            raise ValueError(f"expected prompts of shape {(self.batch_size, self.prompt_len)}")
+        if not self._initialised:
+            self._initialise()
+
+    def _seek(self, tokens: torch.Tensor, position: int) -> int:
+        """Load the step's inputs (the previous tokens, their position) and the attention
+        window they need; returns the window."""
         window = self._window(position)
         self.cache.set_window(window)
         self._tokens.copy_(tokens.unsqueeze(-1))
         self._position.fill_(position)
+        return window
+
+    def _decode(self, tokens: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        window = self._seek(tokens, position)
         if self._graphs:
             graph, out = self._graphs[window]
             graph.replay()
@@ -151,10 +163,7 @@ class StaticCacheDecoder:
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor) -> Generation:
-        if tuple(prompt_ids.shape) != (self.batch_size, self.prompt_len):
-            raise ValueError(f"expected prompts of shape {(self.batch_size, self.prompt_len)}")
-        if not self._initialised:
-            self._initialise()
+        self._ready(prompt_ids)
         b, r = self.batch_size, self.max_new
         tokens = torch.full((b, r), PAD_ID, dtype=torch.long, device=self.device)
         logprobs = torch.zeros((b, r), dtype=torch.float32, device=self.device)
@@ -178,20 +187,16 @@ class StaticCacheDecoder:
         run's tokens are scored exactly as this rollout path would have sampled them. Eager
         steps: a captured graph samples, and replays the same kernels anyway (on an H200 a
         run's own tokens re-scored to bitwise the sampled logprobs)."""
-        if tuple(prompt_ids.shape) != (self.batch_size, self.prompt_len):
-            raise ValueError(f"expected prompts of shape {(self.batch_size, self.prompt_len)}")
+        self._ready(prompt_ids)
         if response_ids.shape[0] != self.batch_size or response_ids.shape[1] > self.max_new:
             raise ValueError(f"expected at most {self.max_new} response tokens for {self.batch_size} samples")
-        if not self._initialised:
-            self._initialise()
         given = response_ids.to(self.device)
         logprobs = torch.zeros(given.shape, dtype=torch.float32, device=self.device)
         logits = self._prefill_logits(prompt_ids.to(self.device))
         for t in range(given.shape[1]):
             if t:
-                self.cache.set_window(self._window(self.prompt_len + t - 1))
-                self._position.fill_(self.prompt_len + t - 1)
-                logits = self._step_logits(given[:, t - 1 : t], self._position)
+                self._seek(given[:, t - 1], self.prompt_len + t - 1)
+                logits = self._step_logits(self._tokens, self._position)
             logp = sampler_logprobs(logits, self.temperature)
             logprobs[:, t] = logp.gather(-1, given[:, t : t + 1]).squeeze(-1)
         return logprobs
