@@ -429,14 +429,11 @@ def write_outputs(request: StageRequest, runs: list[VariantRun],
         os.replace(tmp, log_path)
     steps = pd.concat([r.steps.assign(variant=r.name) for r in runs], ignore_index=True)
     artifacts: dict[str, str] = {}
-    token_tables = [r.tokens.assign(variant=r.name) for r in runs if r.tokens is not None]
-    if token_tables:
-        artifacts["tokens"] = str(write_steps(pd.concat(token_tables, ignore_index=True),
-                                              request.artifact(".tokens.parquet")))
-    rescored = [r.rescored.assign(variant=r.name) for r in runs if r.rescored is not None]
-    if rescored:
-        artifacts["rescored"] = str(write_steps(pd.concat(rescored, ignore_index=True),
-                                                request.artifact(".rescored.parquet")))
+    for kind in ("tokens", "rescored"):
+        tables = [getattr(r, kind).assign(variant=r.name) for r in runs if getattr(r, kind) is not None]
+        if tables:
+            artifacts[kind] = str(write_steps(pd.concat(tables, ignore_index=True),
+                                              request.artifact(f".{kind}.parquet")))
     with_tokens = [v for v in verdicts if v.abs_diffs is not None]
     if with_tokens:
         from recipeval.analysis.plots import abs_diff_by_position, abs_diff_histogram
