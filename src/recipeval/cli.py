@@ -304,7 +304,7 @@ def publish(
 
     settings = RegressionSettings(min_change, alpha, min_history, short_history_band)
     try:
-        outputs = PublishOutputs(tables, history, junit, verdict, plot_dir or tables / "plots")
+        outputs = PublishOutputs(tables, history, junit, verdict, plot_dir)
         outcome = run_publish(inputs, outputs, settings, plots)
     except PublishError as err:
         _die(str(err))

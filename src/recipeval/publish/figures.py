@@ -91,11 +91,12 @@ def all_figures(
 def write_figures(figures: list[Figure], folder: Path) -> None:
     """`folder/<group>/<name>.png` for each figure, each written atomically; PNGs of an earlier
     publish that this one did not draw are removed, so the folder shows this run only."""
+    folder.mkdir(parents=True, exist_ok=True)
     wanted = {folder / f.group / f"{f.name}.png" for f in figures}
-    for old in folder.glob("*/*.png") if folder.is_dir() else []:
+    for old in folder.glob("*/*.png"):
         if old not in wanted:
             old.unlink()
-    for group in folder.glob("*/") if folder.is_dir() else []:
+    for group in folder.glob("*/"):
         if not any(group.iterdir()):
             group.rmdir()
     for figure in figures:
@@ -104,4 +105,3 @@ def write_figures(figures: list[Figure], folder: Path) -> None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(figure.png)
         os.replace(tmp, path)
-    folder.mkdir(parents=True, exist_ok=True)

@@ -32,12 +32,16 @@ class PublishOutputs:
     history: Path
     junit: Path
     verdict: Path
-    plots: Path
+    plot_dir: Path | None = None  # None: <tables>/plots
+
+    @property
+    def plots(self) -> Path:
+        return self.plot_dir or self.tables / "plots"
 
     @classmethod
     def under(cls, results: Path, history_dir: Path | None = None) -> PublishOutputs:
         return cls(results / "tables", history_dir or results / "history", results / "junit.xml",
-                   results / "regression.json", results / "tables" / "plots")
+                   results / "regression.json")
 
 
 @dataclass
