@@ -259,8 +259,8 @@ def test_full_default_dag_then_nothing_to_do_then_one_recipe_reruns(tmp_path: Pa
     print({m: (round(e["estimate"], 2), round(e["rel_width"], 4), e["used"])
            for m, e in bench["metrics"].items()}, bench["steps"], bench["stop"])
     assert bench["stop"] == "precise" and bench["steps"] < 20, bench
-    bench_steps = pd.read_parquet(results / "tiny-grpo-cpu/bench.steps.parquet")
-    assert (bench_steps["rollout/response_len/mean"].dropna() == 8192).all()
+    lengths = pd.read_parquet(results / "tiny-grpo-cpu/bench.steps.parquet")["rollout/response_len/mean"]
+    assert len(lengths.dropna()) >= bench["steps"] and (lengths.dropna() == 8192).all(), lengths
     assert status[("tiny-bad-layout", "env_check")] == "fail"
     assert {status[("tiny-bad-layout", s)] for s in ("smoke", "logprob_diff", "bench")} == {"skipped"}
     table = (results / "tables/benchmarks.md").read_text()
