@@ -12,6 +12,7 @@ from recipeval.analysis.steady_state import (
     StoppingRule,
     decide,
     detect_warmup,
+    odd_steps,
     run_until_stop,
     steady_state,
     trimmed_mean_interval,
@@ -130,3 +131,32 @@ def test_max_steps_reports_the_width_reached() -> None:
 def test_rule_rejects_nonsense(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         StoppingRule(**kwargs)
+
+
+def test_a_lone_odd_step_is_left_out_of_a_short_steady_series() -> None:
+    x = [100.4, 99.1, 101.2, 150.0, 100.0, 98.7, 100.9]
+    assert odd_steps(x).tolist() == [False, False, False, True, False, False, False]
+    est = steady_state([310.0, 190.0, *x], "t")
+    assert (est.warmup, est.odd, est.used) == (2, (5,), 6)
+    assert est.interval.covers(100.0) and est.interval.rel_width < 0.03
+    assert est.to_dict()["odd"] == 1
+
+
+def test_clean_noise_almost_never_loses_a_step() -> None:
+    rng = np.random.default_rng(13)
+    dropped = sum(int(odd_steps(100 * (1 + 0.04 * rng.standard_normal(8))).sum())
+                  for _ in range(2000))
+    assert dropped / (2000 * 8) < 0.002
+
+
+def test_a_recurring_slow_step_is_part_of_the_steady_state() -> None:
+    x = np.tile([100.0, 101.0, 99.5, 100.5, 130.0], 4)  # every fifth step slow: not odd
+    assert not odd_steps(x).any()
+    assert steady_state(x).interval.estimate > 103.0
+
+
+def test_an_odd_step_does_not_hold_up_the_stop() -> None:
+    rule = StoppingRule(rel_ci=0.05, min_steps=5, max_steps=30)
+    x = [300.0, 100.4, 99.1, 160.0, 101.2, 100.0, 98.7, 100.9]
+    decision = run_until_stop({"t": x}, rule)
+    assert (decision.reason, decision.steps, decision.estimates["t"].odd) == ("precise", 7, (3,))

@@ -73,8 +73,9 @@ def abs_diff_by_position(buckets: Mapping[str, pd.DataFrame], path: Path) -> Pat
 def step_time_plot(series: Mapping[str, tuple[np.ndarray, np.ndarray]],
                    estimates: Mapping[str, SteadyEstimate], path: Path) -> Path:
     """One panel per metric: its value per rollout id, the warm-up (shaded grey) and steady
-    (shaded green) windows, the steady estimate and its interval. `series` maps a metric to
-    (rollout ids, values) of its finite values, in step order."""
+    (shaded green) windows, the odd steps left out (red crosses), the steady estimate and its
+    interval. `series` maps a metric to (rollout ids, values) of its finite values, in step
+    order; the estimates' positions index those values."""
     fig = Figure(figsize=(8, 2.6 * max(len(series), 1)))
     axes = fig.subplots(max(len(series), 1), 1, squeeze=False)[:, 0]
     for ax, (metric, (ids, values)) in zip(axes, series.items()):
@@ -86,6 +87,10 @@ def step_time_plot(series: Mapping[str, tuple[np.ndarray, np.ndarray]],
                        label=f"warm-up ({est.warmup} steps)")
             ax.axvspan(warm_end, ids[-1] + 0.5, color="tab:green", alpha=0.08,
                        label=f"steady ({est.used} steps)")
+            if est.odd:
+                odd = [i for i in est.odd if i < len(ids)]
+                ax.plot(ids[odd], values[odd], linestyle="none", marker="x", color="tab:red",
+                        label=f"odd, left out ({len(est.odd)})")
             iv = est.interval
             if np.isfinite(iv.estimate):
                 ax.axhline(iv.estimate, color="tab:green", linewidth=1.2,

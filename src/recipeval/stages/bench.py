@@ -2,12 +2,12 @@
 enough, then report it.
 
 While the run goes, after each metric line the step table is handed to the stopping rule
-(analysis.steady_state: warm-up found from the data, 10 % trimmed mean with its 95 %
-interval); the run is stopped as soon as every watched metric has `min_steps` steady steps
-and an interval no wider than `rel_ci` of its value, or at `max_steps`. The verdict per
-metric: precise enough (else fail or warn, as `on_max_steps` says, with the width reached),
-and within `tolerance` of the recipe's `expect.bench` value (slower fails; faster by more
-than the tolerance is flagged as a warning, as Megatron's perf tests flag it: either the
+(analysis.steady_state: warm-up found from the data, odd steps dropped, 10 % trimmed mean
+with its 95 % interval); the run is stopped as soon as every watched metric has `min_steps`
+steady steps and an interval no wider than `rel_ci` of its value, or at `max_steps`. The
+verdict per metric: precise enough (else fail or warn, as `on_max_steps` says, with the width
+reached), and within `tolerance` of the recipe's `expect.bench` value (slower fails; faster by
+more than the tolerance is flagged as a warning, as Megatron's perf tests flag it: either the
 expectation is stale or the run did less work). `--from-log` judges a finished log the same
 way, without stopping anything.
 """
@@ -23,9 +23,9 @@ import numpy as np
 import pandas as pd
 
 from recipeval.analysis.steady_state import (
+    SteadyEstimate,
     StopDecision,
     StoppingRule,
-    SteadyEstimate,
     decide,
     steady_state,
 )
@@ -106,8 +106,9 @@ def _fmt(value: float) -> str:
 def precision_check(est: SteadyEstimate, rule: StoppingRule, on_max_steps: str) -> Check:
     iv = est.interval
     ok = est.used >= rule.min_steps and iv.rel_width <= rule.rel_ci
+    odd = f", {len(est.odd)} odd step(s) left out" if est.odd else ""
     where = (f"{_fmt(iv.estimate)} [{_fmt(iv.low)}, {_fmt(iv.high)}] over {est.used} steady "
-             f"steps after {est.warmup} warm-up")
+             f"steps after {est.warmup} warm-up{odd}")
     if ok:
         message = f"{where}: interval {iv.rel_width:.2%} of the value (limit {rule.rel_ci:.2%})"
     elif est.used < rule.min_steps:
