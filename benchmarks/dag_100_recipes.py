@@ -47,7 +47,7 @@ def dry_run(workdir: Path) -> tuple[float, float, int]:
     elapsed, cpu = time.perf_counter() - started, _children_cpu() - cpu_before
     if proc.returncode != 0:
         sys.exit(f"snakemake -n failed:\n{proc.stderr[-2000:]}")
-    total = re.search(r"^total\s+(\d+)$", proc.stdout + proc.stderr, re.M)
+    total = re.search(r"^total\s+(\d+)$", proc.stdout + proc.stderr, re.MULTILINE)
     return elapsed, cpu, int(total.group(1)) if total else -1
 
 

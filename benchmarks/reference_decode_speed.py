@@ -30,10 +30,11 @@ def _sync(device: torch.device) -> None:
 
 def time_generate(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int) -> float:
     """Seconds for transformers' own sampling loop with its default (dynamic) cache."""
-    kwargs = dict(
-        do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens, pad_token_id=PAD_ID, eos_token_id=EOS_ID,
-    )
+    kwargs = {
+        "do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+        "max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "pad_token_id": PAD_ID,
+        "eos_token_id": EOS_ID,
+    }
     model.generate(prompts, **{**kwargs, "max_new_tokens": 8, "min_new_tokens": 8})  # warm-up
     _sync(prompts.device)
     start = time.perf_counter()

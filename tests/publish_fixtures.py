@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from recipeval.recipe import load_recipe
@@ -10,7 +10,7 @@ from recipeval.result import Check, Provenance, StageResult, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 AMD_RECIPE = REPO / "recipes/amd/deepseek-v4-flash-4node-mi355x.yaml"
-START = datetime(2026, 11, 1, 2, 0, tzinfo=timezone.utc)
+START = datetime(2026, 11, 1, 2, 0, tzinfo=UTC)
 
 
 def night(n: int) -> datetime:

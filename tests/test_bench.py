@@ -9,13 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from conftest import TINY_RECIPE
+from runner_jobs import python_launch
 
 from recipeval.recipe import load_recipe
 from recipeval.stages.bench import BenchWatcher, judge, run_bench, stopping_rule
 from recipeval.stages.common import StageRequest, execute, exit_code, resolve_and_render
-from runner_jobs import python_launch
-
-from conftest import TINY_RECIPE
 
 ROLLOUT, TRAIN = 150.0, 182.0
 
@@ -40,7 +39,7 @@ def miles_log(path: Path, n: int, warmup: int = 2, noise: float = 0.01, seed: in
         slow = 3.0 if i < warmup else 1.0
         r = ROLLOUT * slow * (1 + noise * rng.standard_normal())
         a = TRAIN * slow * (1 + noise * rng.standard_normal())
-        stamp = lambda dt: (t + timedelta(seconds=dt)).strftime("%Y-%m-%d %H:%M:%S.000")  # noqa: E731
+        stamp = lambda dt, t=t: (t + timedelta(seconds=dt)).strftime("%Y-%m-%d %H:%M:%S.000")
         lines.append(f"[{stamp(0)} RolloutManager] rollout.py:1 - perf {i}: "
                      f"{{'perf/rollout_time': {r:.3f}, 'perf/tokens_per_gpu_per_sec': {8192 / r:.3f}}}")
         lines.append(f"[{stamp(r + a)} TrainRayActor] actor.py:1 - perf {i}: "

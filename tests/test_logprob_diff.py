@@ -10,13 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from conftest import TINY_RECIPE
 
 from recipeval.errors import RecipeError
 from recipeval.recipe import load_recipe
 from recipeval.stages.common import StageRequest
 from recipeval.stages.logprob_diff import marker, run_logprob_diff
-
-from conftest import TINY_RECIPE
 
 
 def recipe_with(tmp_path: Path, variants: dict | None = None, thresholds: dict | None = None) -> Path:

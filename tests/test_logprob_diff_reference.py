@@ -10,12 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from conftest import TINY_RECIPE
 
 from recipeval.recipe import load_recipe
 from recipeval.stages.common import StageRequest
 from recipeval.stages.logprob_diff import run_logprob_diff
-
-from conftest import TINY_RECIPE
 
 pytestmark = [
     pytest.mark.slow,

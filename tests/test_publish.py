@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from publish_fixtures import AMD_RECIPE, night, write_run
+
 from recipeval.analysis.regression import RegressionSettings
 from recipeval.publish.run import PublishOutputs, publish
 

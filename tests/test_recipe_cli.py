@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import PR_RECIPE, RECIPES, REPO
 
 BAD = REPO / "tests" / "recipes" / "bad"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 import yaml
-
 from conftest import PR_RECIPE, TINY_RECIPE
+
 from recipeval.recipe import RecipeErrors, load_recipe, resolve
 
 

@@ -16,10 +16,7 @@ from recipeval.engines.reference.rollout import RolloutBatch, RolloutWorker
 from recipeval.engines.reference.trainer import Trainer
 from recipeval.engines.reference.warmstart import initial_state
 
-TINY = ("--num-layers 2 --hidden-size 64 --ffn-hidden-size 256 --num-attention-heads 4 "
-        "--group-query-attention --num-query-groups 2 --vocab-size 512 "
-        "--max-position-embeddings 128 --device cpu --rollout-batch-size 4 "
-        "--n-samples-per-prompt 4 --rollout-max-response-len 24 --warm-start-steps 60").split()
+TINY = ["--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "256", "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2", "--vocab-size", "512", "--max-position-embeddings", "128", "--device", "cpu", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "24", "--warm-start-steps", "60"]
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,12 @@ import logging
 import statistics
 
 import pytest
+from conftest import TINY_RECIPE
 
+from recipeval.engines import render
 from recipeval.engines.reference.config import parse_args
 from recipeval.engines.reference.loop import run
-from recipeval.engines import render
 from recipeval.recipe import load_recipe, resolve
-
-from conftest import TINY_RECIPE
 
 pytestmark = pytest.mark.slow
 

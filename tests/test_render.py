@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import PR_RECIPE, REPO, clean_env
 
 GOLDEN = REPO / "tests" / "golden" / "deepseek-v4-flash-4node-mi355x.render.json"
@@ -141,7 +140,8 @@ def test_shell_form_passes_every_word_literally(cli, hostile_recipe, tmp_path):
     )
     fake_ray.chmod(fake_ray.stat().st_mode | stat.S_IXUSR)
     env = clean_env(PATH=f"{bindir}:{os.environ['PATH']}", HOME=str(tmp_path))
-    run = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    run = subprocess.run(["bash", str(script)], check=False, env=env, capture_output=True,
+                         text=True, timeout=30)
     assert run.returncode == 0, run.stderr
     assert json.loads(record.read_text()) == launch["argv"][1:]
 

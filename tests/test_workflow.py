@@ -38,7 +38,7 @@ def snakemake(workdir: Path, *args: str, env: dict[str, str] | None = None,
 def job_counts(output: str) -> dict[str, int]:
     """The `Job stats` table of a dry run (empty when there is nothing to do)."""
     counts: dict[str, int] = {}
-    for match in re.finditer(r"^(\w+)\s+(\d+)$", output, re.M):
+    for match in re.finditer(r"^(\w+)\s+(\d+)$", output, re.MULTILINE):
         counts[match.group(1)] = int(match.group(2))
     counts.pop("total", None)
     return counts

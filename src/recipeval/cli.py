@@ -249,7 +249,8 @@ def parse_log(
     engine: Annotated[str, typer.Option("--engine", help="log format: miles (also the reference engine's)")] = "miles",
 ) -> None:
     """Read a training log into a step table (one row per rollout id)."""
-    from recipeval.engines.miles.logparse import parse_log as parse, write_steps
+    from recipeval.engines.miles.logparse import parse_log as parse
+    from recipeval.engines.miles.logparse import write_steps
 
     if engine not in ("miles", "reference"):
         _die(f"--engine {engine!r}: only the miles log format is known (miles, reference)")

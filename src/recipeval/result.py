@@ -8,7 +8,7 @@ import platform
 import re
 import socket
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
@@ -19,7 +19,7 @@ Status = Literal["pass", "fail", "error", "skipped"]
 Severity = Literal["error", "warning", "info"]
 
 # Names of environment variables whose values are secrets; never written anywhere we write.
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH)", re.I)
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH)", re.IGNORECASE)
 REDACTED = "***"
 
 TRACKED_PACKAGES = ("recipeval", "torch", "transformers", "megatron-core", "sglang", "ray", "snakemake")
@@ -70,7 +70,7 @@ def status_from_checks(checks: list[Check]) -> Status:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str]:

@@ -116,7 +116,7 @@ def diff_stats(
         spearman = float(stats.spearmanr(masked["position"].to_numpy(), abs_d).statistic)
     return DiffStats(
         tokens=n,
-        samples=int(len(np.unique(sample_key))),
+        samples=len(np.unique(sample_key)),
         mean_abs_diff=_per_sample_mean(abs_d, sample_key),
         token_mean_abs_diff=float(abs_d.mean()) if n else math.nan,
         mean_diff=_per_sample_mean(d, sample_key),
@@ -159,7 +159,7 @@ def by_position(
         rows.append({
             "start": int(bounds[i]),
             "end": float(bounds[i + 1]) if math.isinf(bounds[i + 1]) else int(bounds[i + 1]),
-            "tokens": int(len(sel)), "mean_abs_diff": float(sel.mean()),
+            "tokens": len(sel), "mean_abs_diff": float(sel.mean()),
             "p99_abs_diff": float(np.quantile(sel, 0.99)), "max_abs_diff": float(sel.max()),
         })
     return pd.DataFrame(rows, columns=["start", "end", "tokens", "mean_abs_diff",
@@ -266,7 +266,7 @@ def scalar_stats(steps: pd.DataFrame) -> ScalarStats:
         if len(both):
             first = abs(float(both.iloc[0, 0] - both.iloc[0, 1]))
     return ScalarStats(
-        steps=int(len(steps)),
+        steps=len(steps),
         mean_abs_diff=float(abs_diff.mean()) if len(abs_diff) else math.nan,
         max_abs_diff=float(abs_diff.max()) if len(abs_diff) else math.nan,
         k3_kl=float(kl.mean()) if len(kl) else math.nan,

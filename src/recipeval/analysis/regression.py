@@ -30,11 +30,11 @@ Kind = Literal["regression", "improvement", "unchanged", "no_history"]
 # Logprob differences and KL near zero swing by large relative amounts without meaning (1e-7 to
 # 3e-7 is +200 %): below this absolute change (nats) nothing is reported for them.
 LOGPROB_ABS_FLOOR = 0.01
-_LOGPROB = re.compile(r"(logprob|_kl\b|kl$)", re.I)
+_LOGPROB = re.compile(r"(logprob|_kl\b|kl$)", re.IGNORECASE)
 
 # Metric names where a larger value is better; everything else (times, logprob differences,
 # KL, errors) is better when smaller.
-_HIGHER_IS_BETTER = re.compile(r"(per_sec|per_s\b|tok_per_s|tokens_per|tflops|throughput|mfu)", re.I)
+_HIGHER_IS_BETTER = re.compile(r"(per_sec|per_s\b|tok_per_s|tokens_per|tflops|throughput|mfu)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

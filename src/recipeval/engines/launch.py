@@ -39,8 +39,8 @@ class Launch:
         """A script a person can run by hand; every word is quoted."""
         lines = [
             "#!/usr/bin/env bash",
-            f"# recipeval render: engine={self.engine} stage={self.stage or '-'}"
-            f" recipe_sha256={self.recipe_sha256}",
+            (f"# recipeval render: engine={self.engine} stage={self.stage or '-'}"
+             f" recipe_sha256={self.recipe_sha256}"),
             "set -euo pipefail",
         ]
         if self.argv == self.entrypoint:

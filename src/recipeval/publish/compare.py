@@ -81,9 +81,8 @@ def _failures(record: RunRecord) -> list[str]:
     return out
 
 
-def judge_run(
-    record: RunRecord, history: list[RunRecord], settings: RegressionSettings = RegressionSettings()
-) -> RecipeVerdict:
+def judge_run(record: RunRecord, history: list[RunRecord],
+              settings: RegressionSettings) -> RecipeVerdict:
     """`history` may contain runs of any recipe and this run itself; only earlier runs of the
     same recipe count, and of those only the values whose stage passed."""
     prior = [r for r in history if r.recipe == record.recipe and r.run_id != record.run_id

@@ -8,11 +8,11 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on cluster nodes or CI
 
-import matplotlib.dates as mdates  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.dates as mdates
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from recipeval.publish.compare import RecipeVerdict  # noqa: E402
+from recipeval.publish.compare import RecipeVerdict
 
 
 def _png(fig: plt.Figure) -> bytes:

@@ -154,8 +154,7 @@ def _describe(err: dict[str, Any], model_fields: list[str] | None) -> str:
     if kind == "missing":
         return "required key is missing"
     msg = err["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+    msg = msg.removeprefix("Value error, ")
     value = err.get("input")
     if kind not in ("missing",) and not isinstance(value, dict | list):
         msg += f" (got {value!r})"
@@ -254,8 +253,8 @@ def _messages(exc: ValidationError) -> list[tuple[tuple[Any, ...], str]]:
         value = errs[0].get("input")
         out.append((
             loc,
-            "expected a string, number, true/false, a list of scalars, or null"
-            f" (got {type(value).__name__} {value!r})",
+            ("expected a string, number, true/false, a list of scalars, or null"
+             f" (got {type(value).__name__} {value!r})"),
         ))
     return out
 

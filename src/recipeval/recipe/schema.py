@@ -29,7 +29,8 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 def _duration_seconds(value: Any) -> Any:
     """'90m', '2h', '45s' or a number of seconds -> seconds (float)."""
     if isinstance(value, bool):
-        raise ValueError("expected a duration such as 90m, 2h or 600")
+        # ValueError, not TypeError: pydantic turns only the former into a validation error.
+        raise ValueError("expected a duration such as 90m, 2h or 600")  # noqa: TRY004
     if isinstance(value, int | float):
         return float(value)
     if isinstance(value, str) and (m := _DURATION.match(value)):
@@ -39,7 +40,7 @@ def _duration_seconds(value: Any) -> Any:
 
 def _env_value(value: Any) -> Any:
     if isinstance(value, bool):
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004 - see _duration_seconds
             "environment values are strings; quote YAML booleans (write \"true\", not true) "
             "so the value the program reads is unambiguous"
         )

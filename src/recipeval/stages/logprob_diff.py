@@ -328,7 +328,7 @@ def compare(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any
     Mann-Whitney p-value. Clear when the interval excludes 0."""
     a, b = variant.per_sample_abs_diff, reference.per_sample_abs_diff
     out: dict[str, Any] = {"variant": variant.name, "reference": reference.name,
-                           "samples": [int(len(a)), int(len(b))]}
+                           "samples": [len(a), len(b)]}
     if len(a) < 2 or len(b) < 2:
         return {**out, "shift": math.nan, "clear": False,
                 "message": "too few samples to compare"}

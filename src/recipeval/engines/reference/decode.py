@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
 from recipeval.engines.reference.kvcache import WindowedStaticCache, window_for
 from recipeval.engines.reference.tokenizer import EOS_ID, PAD_ID
 

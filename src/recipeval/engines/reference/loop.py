@@ -103,8 +103,8 @@ class RayWorkers:
             self._ray.get([a.__ray_call__.remote(_flush_std_streams) for a in (self.rollout, self.trainer)],
                           timeout=30)
             time.sleep(LOG_DRAIN_S)
-        except Exception:  # noqa: BLE001 - a dead actor has nothing left to deliver
-            pass
+        except Exception as exc:  # noqa: BLE001 - a dead actor has nothing left to deliver
+            logger.debug(f"flushing the actors' output: {exc!r}")
         for actor in (self.rollout, self.trainer):
             self._ray.kill(actor)
         if self._started:

@@ -149,7 +149,7 @@ class Trainer:
         actor_train_time = time.perf_counter() - actor_start
 
         rollout_id = batch.rollout_id
-        per_sample = lambda values: grpo.sample_mean(values, mask).mean().item()  # noqa: E731
+        per_sample = lambda values: grpo.sample_mean(values, mask).mean().item()
         diff = old_logp - rollout_logp
         rollout_metrics = {
             "rollout/log_probs": per_sample(old_logp),
