@@ -4,6 +4,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh || exit 1
 export PATH="$PWD/.venv/bin:$PATH"
+if ! .venv/bin/ruff check --quiet .; then
+  echo "scripts/test.sh: ruff found the problems above; 'ruff check --fix' mends most" >&2
+  exit 1
+fi
 # RECIPEVAL_SLURM_E2E=0 leaves out the pipeline-through-Slurm module (about a quarter of the
 # suite's time) for a quick local run; CI runs everything.
 marker=()
