@@ -75,6 +75,19 @@ def test_stage_plots_become_plot_files_and_stale_ones_go(tmp_path: Path) -> None
     assert 'alt="deepseek-v4-flash-4node-mi355x bench plot"' in html
 
 
+def test_stage_plots_are_found_beside_a_moved_results_folder(tmp_path: Path) -> None:
+    # The stage ran elsewhere and recorded a relative path; the folder was then copied here.
+    results = tmp_path / "copied"
+    folder = write_run(results, AMD_RECIPE, night(0)) / "deepseek-v4-flash-4node-mi355x"
+    (folder / "bench.steps.png").write_bytes(b"\x89PNG\r\n\x1a\nmoved plot")
+    bench = json.loads((folder / "bench.json").read_text())
+    bench["artifacts"] = {"plot": "ran-elsewhere/deepseek-v4-flash-4node-mi355x/bench.steps.png"}
+    (folder / "bench.json").write_text(json.dumps(bench))
+    publish([results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings(), True)
+    plot = results / "tables/plots/deepseek-v4-flash-4node-mi355x/bench-plot.png"
+    assert plot.read_bytes() == b"\x89PNG\r\n\x1a\nmoved plot"
+
+
 def test_tables_show_gate_failure_and_reason(tmp_path: Path) -> None:
     results, outcome = _publish_night(tmp_path, 0, smoke_status="fail", smoke_message="loss is nan at step 1")
     table = pd.read_csv(results / "tables/benchmarks.csv", dtype=str)

@@ -195,6 +195,15 @@ def collect_results(paths: Iterable[Path]) -> dict[str, list[StageResult]]:
             files.append(path)
     grouped: dict[str, list[StageResult]] = {}
     for file in files:
-        res = read_result(file)
+        res = _locate_artifacts(read_result(file), file.parent)
         grouped.setdefault(res.recipe, []).append(res)
     return grouped
+
+
+def _locate_artifacts(res: StageResult, folder: Path) -> StageResult:
+    """A stage records its artifacts' paths as it saw them (relative to where it ran); one that
+    does not resolve from here is taken from beside the result file, where stages write them,
+    so publish works from any directory and on a copied results folder."""
+    found = {key: str(folder / Path(value).name) for key, value in res.artifacts.items()
+             if not Path(value).exists() and (folder / Path(value).name).is_file()}
+    return res.model_copy(update={"artifacts": {**res.artifacts, **found}}) if found else res
