@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,3 +40,21 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def interruptible_session() -> None:
+    """preexec_fn for a child the test will stop with a signal: a session of its own (so
+    kill_session can clear all of it) and SIGINT at its default, however pytest was started (a
+    background job of a non-interactive shell inherits SIGINT ignored)."""
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def kill_session(leader: subprocess.Popen) -> None:
+    """SIGKILL every process of `leader`'s session (it, or what it orphaned, in any process
+    group), then reap it."""
+    for proc in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getsid(proc.pid) == leader.pid:
+                proc.kill()
+    leader.wait()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import slurm_cluster as slurm_cluster_module
+from conftest import interruptible_session, kill_session
 from slurm_cluster import (  # noqa: F401  (slurm_cluster_fixture provides `slurm_cluster`)
     CI_PROFILE,
     SUBMITTED_LINE,
@@ -166,6 +167,7 @@ def test_interrupting_snakemake_cancels_its_slurm_jobs(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=interruptible_session,  # noqa: PLW1509
     )
     job_id = None
     try:
@@ -182,9 +184,7 @@ def test_interrupting_snakemake_cancels_its_slurm_jobs(
         snakemake.send_signal(signal.SIGINT)
         rest, _ = snakemake.communicate(timeout=120)
     finally:
-        if snakemake.poll() is None:
-            snakemake.kill()
-            snakemake.wait()
+        kill_session(snakemake)
 
     assert snakemake.returncode != 0
     # scancel is asynchronous: the job passes through CANCELLING/COMPLETING first.

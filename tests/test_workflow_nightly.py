@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
+from conftest import kill_session
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -48,3 +52,37 @@ def test_nightly_exit_status_follows_the_verdict(tmp_path: Path) -> None:
     assert bad.returncode == 1, bad.stderr[-2000:]
     verdict = json.loads((tmp_path / "results/regression.json").read_text())
     assert verdict["ok"] is False and verdict["recipes"][0]["status"] == "failed"
+
+
+@pytest.mark.parametrize(("signum", "inherited_sigint"), [
+    # A cron line or a CI step run with `&` starts the nightly with SIGINT ignored, which its
+    # snakemake would inherit: the SIGINT the nightly passes on must still cancel.
+    (signal.SIGTERM, signal.SIG_IGN),
+    # Ctrl-C reaches the nightly only (snakemake has a process group of its own).
+    (signal.SIGINT, signal.SIG_DFL),
+])
+def test_a_stopped_nightly_stops_snakemake_and_its_local_jobs(
+    tmp_path: Path, signum: signal.Signals, inherited_sigint: signal.Handlers
+) -> None:
+    token = f"recipeval-nightly-{os.getpid()}"
+    (tmp_path / "Snakefile").write_text(
+        f'rule long:\n    output: "never.txt"\n    shell: "touch started; exec -a {token} sleep 600"\n'
+    )
+    argv = [str(BIN / "recipeval"), "nightly", "--cores", "1", "--verdict", str(tmp_path / "v.json"),
+            "--snakefile", str(tmp_path / "Snakefile"), "--directory", str(tmp_path)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, inherited_sigint),  # noqa: PLW1509
+                            start_new_session=True)  # so kill_session clears what it leaves
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "started").exists(), "the rule never started"
+        proc.send_signal(signum)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        kill_session(proc)
+    assert proc.returncode == 128 + signum, out[-2000:]
+    assert f"stopped by {signum.name}" in out
+    left = [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or [])]
+    assert left == [], out[-2000:]

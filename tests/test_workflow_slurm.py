@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import interruptible_session, kill_session
 from slurm_cluster import (  # noqa: F401  (slurm_cluster_fixture provides `slurm_cluster`)
     TERMINAL_STATES,
     SlurmCluster,
@@ -126,7 +127,7 @@ def start_snakemake(argv: list[str], workdir: Path, env: dict[str, str]) -> subp
     try:
         return subprocess.Popen(
             argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.STDOUT, preexec_fn=interruptible_session,  # noqa: PLW1509
         )  # fmt: skip
     finally:
         log.close()
@@ -178,9 +179,7 @@ def stop_with(proc: subprocess.Popen, signum: int) -> float:
 
 
 def reap(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    kill_session(proc)
 
 
 def wait_for_running_job(cluster: SlurmCluster, log_path: Path) -> str:

@@ -323,7 +323,8 @@ def nightly(
 ) -> None:
     """Rerun every stage of every selected recipe (snakemake --forceall; further arguments go
     to snakemake), publish, and exit 1 when a recipe failed or regressed (3: no verdict).
-    SIGTERM cancels the cluster jobs (passed to snakemake as SIGINT) and exits 143."""
+    SIGTERM, SIGHUP or SIGINT cancels the jobs (passed to snakemake as SIGINT) and exits
+    128 + the signal (143 for SIGTERM)."""
     from recipeval.publish.nightly import nightly as run_nightly
 
     raise typer.Exit(run_nightly(profile or [], cores, verdict, list(ctx.args)))

@@ -3,12 +3,14 @@ of tonight, then turn the published verdict into an exit status.
 
 A scheduler or CI runner stops a job with SIGTERM, which Snakemake takes as "finish the
 running jobs first": cluster jobs would run on for hours after the nightly was stopped. The
-nightly passes SIGTERM (and SIGHUP) on as SIGINT, on which Snakemake cancels its cluster jobs
-(scancel) and exits."""
+nightly passes SIGTERM (and SIGHUP, and SIGINT) on as SIGINT to snakemake's process group, on
+which Snakemake cancels its cluster jobs (scancel), its local jobs stop, and it exits."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -37,21 +39,41 @@ def read_verdict(path: Path, not_before: float) -> dict | None:
     return json.loads(path.read_text())
 
 
+def _default_sigint() -> None:
+    """In the snakemake child: SIGINT at its default, whatever we inherited. A command that a
+    non-interactive shell starts in the background (cron lines, CI steps with `&`) inherits
+    SIGINT ignored, Python then never raises KeyboardInterrupt, and snakemake would shrug off
+    the SIGINT this module sends as its cancel."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cancellable(argv: list[str]) -> tuple[int, int | None]:
-    """Run snakemake; SIGTERM/SIGHUP to this process reach it as SIGINT. Returns its exit
-    status and the signal that stopped us, if one did."""
-    proc = subprocess.Popen(argv)
+    """Run snakemake in a process group of its own. SIGTERM and SIGHUP to this process (and
+    SIGINT, unless we ignore it) reach that whole group as SIGINT, as Ctrl-C in a terminal
+    does: snakemake cancels its cluster jobs, and its local jobs, which would otherwise keep
+    it waiting, stop too. Returns its exit status and the signal that stopped us, if one did."""
     stopped_by: list[int] = []
+    group: list[int] = []
 
     def cancel(signum: int, frame: FrameType | None) -> None:
         if not stopped_by:
             print(f"recipeval nightly: {signal.Signals(signum).name}: cancelling snakemake's jobs",
                   file=sys.stderr, flush=True)
         stopped_by.append(signum)
-        proc.send_signal(signal.SIGINT)
+        for pgid in group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGINT)
 
-    previous = {sig: signal.signal(sig, cancel) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    forwarded = [signal.SIGTERM, signal.SIGHUP]
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        forwarded.append(signal.SIGINT)
+    previous = {sig: signal.signal(sig, cancel) for sig in forwarded}
     try:
+        # preexec_fn is unsafe with threads; the nightly has none.
+        proc = subprocess.Popen(argv, preexec_fn=_default_sigint, process_group=0)  # noqa: PLW1509
+        group.append(proc.pid)
+        if stopped_by:  # a signal came while it started
+            cancel(stopped_by[0], None)
         returncode = proc.wait()
     finally:
         for sig, handler in previous.items():
