@@ -80,9 +80,10 @@ def test_a_stopped_nightly_stops_snakemake_and_its_local_jobs(
         assert (tmp_path / "started").exists(), "the rule never started"
         proc.send_signal(signum)
         out, _ = proc.communicate(timeout=60)
+        # Before the cleanup below, which would kill a leftover job itself.
+        left = [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or [])]
     finally:
         kill_session(proc)
     assert proc.returncode == 128 + signum, out[-2000:]
     assert f"stopped by {signum.name}" in out
-    left = [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or [])]
     assert left == [], out[-2000:]

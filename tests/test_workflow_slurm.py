@@ -178,10 +178,6 @@ def stop_with(proc: subprocess.Popen, signum: int) -> float:
     return time.monotonic() - sent
 
 
-def reap(proc: subprocess.Popen) -> None:
-    kill_session(proc)
-
-
 def wait_for_running_job(cluster: SlurmCluster, log_path: Path) -> str:
     """The id of the first job the run at `log_path` submitted, once Slurm runs it."""
     wait_for(lambda: SUBMITTED_LINE.search(log_path.read_text(errors="replace")), 120,
@@ -374,7 +370,7 @@ def test_sigterm_waits_for_running_jobs_and_sigint_cancels_them(
         # SIGINT (Ctrl-C) cancels its Slurm jobs (scancel) and exits.
         exit_s = stop_with(proc, signal.SIGINT)
     finally:
-        reap(proc)
+        kill_session(proc)
     log = log_path.read_text(errors="replace")
     print("\n".join(m.group(0) for m in SUBMITTED_LINE.finditer(log)))
     state = slurm_cluster.job_state(job_id)
@@ -408,7 +404,7 @@ def test_sigterm_to_nightly_cancels_its_slurm_jobs(
         job_id = wait_for_running_job(slurm_cluster, log_path)
         exit_s = stop_with(proc, signal.SIGTERM)
     finally:
-        reap(proc)
+        kill_session(proc)
     log = log_path.read_text(errors="replace")
     state = slurm_cluster.job_state(job_id)
     summary.append(f"nightly: SIGTERM -> job {job_id} {state}, exit {proc.returncode} after {exit_s:.1f}s")

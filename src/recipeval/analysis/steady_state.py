@@ -34,12 +34,12 @@ Choices, and why (figures from benchmarks/steady_state_coverage.py):
   1000 traces with outliers (odd steps dropped first), it covers the true level in
   93.9-96.1 % of traces at 10-40 steps (nominal 95 %; two seeds), and in 88-95 % at the
   adaptive stop (stopping on the first narrow interval costs a little; a larger min_steps
-  less). Bootstrap intervals
-  (`scipy.stats.bootstrap`) at 20 steps: BCa of the same trimmed mean 89.6 %, percentile of
-  the median 92.0 %; they also depend on a seed and cost milliseconds, where this interval is
-  deterministic (the same log gives the same verdict) and cheap enough to run after every log
-  line. A 20 % trim was tried: its variance estimate from a dozen values is so unsteady that
-  the rule stops on lucky-narrow intervals (coverage at the stop 85 %).
+  less). Bootstrap intervals (`scipy.stats.bootstrap`) at 20 steps: BCa of the same trimmed
+  mean 89.6 %, percentile of the median 92.0 %; they also depend on a seed and cost
+  milliseconds, where this interval is deterministic (the same log gives the same verdict) and
+  cheap enough to run after every log line. A 20 % trim was tried: its variance estimate from
+  a dozen values is so unsteady that the rule stops on lucky-narrow intervals (coverage at the
+  stop 85 %).
 - Precision: the interval's full width (high - low) must be at most `rel_ci` times the
   estimate, i.e. the estimate is known to +/- rel_ci / 2.
 """
@@ -115,10 +115,9 @@ def odd_steps(values: Sequence[float] | np.ndarray, alpha: float = ODD_STEP_ALPH
         k = len(kept)
         if k < 4:
             break
-        order = kept[np.argsort(x[kept])]
         critical = float(special.stdtrit(k - 2, 1 - alpha / 2)) * math.sqrt(1 + 1 / (k - 1))
         worst, worst_t = -1, critical
-        for candidate in (order[0], order[-1]):
+        for candidate in (kept[np.argmin(x[kept])], kept[np.argmax(x[kept])]):
             others = x[kept[kept != candidate]]
             sd = float(np.std(others, ddof=1))
             residual = abs(x[candidate] - others.mean()) / sd if sd > 0 else 0.0
