@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 
 from recipeval.engines import render
-from recipeval.engines.reference.config import parse_args
-from recipeval.engines.reference.loop import LocalWorkers
-from recipeval.engines.reference.modeling import resolve_device
-from recipeval.engines.reference.rollout import limit_cpu_threads
-from recipeval.engines.reference.warmstart import initial_state
 from recipeval.recipe import load_recipe, resolve
+from recipeval.reference.config import parse_args
+from recipeval.reference.loop import LocalWorkers
+from recipeval.reference.modeling import resolve_device
+from recipeval.reference.rollout import limit_cpu_threads
+from recipeval.reference.warmstart import initial_state
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -16,11 +16,11 @@ import time
 
 import torch
 
-from recipeval.engines.reference.config import ModelShape
-from recipeval.engines.reference.decode import StaticCacheDecoder
-from recipeval.engines.reference.modeling import DTYPES, build_model, cast_weights, parameter_count
-from recipeval.engines.reference.task import PROMPT_TOKENS, problems
-from recipeval.engines.reference.tokenizer import EOS_ID, PAD_ID
+from recipeval.reference.config import ModelShape
+from recipeval.reference.decode import StaticCacheDecoder
+from recipeval.reference.modeling import DTYPES, build_model, cast_weights, parameter_count
+from recipeval.reference.task import PROMPT_TOKENS, problems
+from recipeval.reference.tokenizer import EOS_ID, PAD_ID
 
 
 def _sync(device: torch.device) -> None:

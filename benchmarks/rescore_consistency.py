@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 def engine(flags: list[str], *extra: str) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "recipeval.engines.reference", *flags, *extra], check=True,
+    subprocess.run([sys.executable, "-m", "recipeval.reference", *flags, *extra], check=True,
                    stdout=subprocess.DEVNULL)
     return time.perf_counter() - started
 

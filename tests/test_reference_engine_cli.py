@@ -1,4 +1,4 @@
-"""The reference engine as the runners launch it: `python -m recipeval.engines.reference`.
+"""The reference engine as the runners launch it: `python -m recipeval.reference`.
 Its log lines are miles' format (checked with a strict regex and with the project's parser),
 the per-token dump is complete, bad flags fail with one line, SIGTERM stops it cleanly."""
 
@@ -36,7 +36,7 @@ STEP_KEYS = {"train/loss", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl",
 
 
 def engine(*args: str, **kwargs) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "recipeval.engines.reference", *args],
+    return subprocess.run([sys.executable, "-m", "recipeval.reference", *args],
                           check=False, capture_output=True, text=True, cwd=REPO, timeout=300,
                           **kwargs)
 
@@ -125,7 +125,7 @@ def test_response_longer_than_positions_is_rejected(tmp_path):
 def test_sigterm_closes_the_partial_dump_and_exits_nonzero(tmp_path):
     dump = tmp_path / "tokens.parquet"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "recipeval.engines.reference", *TINY, "--num-rollout", "100000",
+        [sys.executable, "-m", "recipeval.reference", *TINY, "--num-rollout", "100000",
          "--cache-dir", str(tmp_path / "cache"), "--dump-logprobs", str(dump)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )

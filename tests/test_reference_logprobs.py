@@ -9,12 +9,12 @@ import logging
 import pytest
 import torch
 
-from recipeval.engines.reference.config import EngineConfig, parse_args
-from recipeval.engines.reference.grpo import sample_mean
-from recipeval.engines.reference.loop import run
-from recipeval.engines.reference.rollout import RolloutBatch, RolloutWorker
-from recipeval.engines.reference.trainer import Trainer
-from recipeval.engines.reference.warmstart import initial_state
+from recipeval.reference.config import EngineConfig, parse_args
+from recipeval.reference.grpo import sample_mean
+from recipeval.reference.loop import run
+from recipeval.reference.rollout import RolloutBatch, RolloutWorker
+from recipeval.reference.trainer import Trainer
+from recipeval.reference.warmstart import initial_state
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "256", "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2", "--vocab-size", "512", "--max-position-embeddings", "128", "--device", "cpu", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "24", "--warm-start-steps", "60"]
 

@@ -11,16 +11,16 @@ import pytest
 from conftest import TINY_RECIPE
 
 from recipeval.engines import render
-from recipeval.engines.reference.config import parse_args
-from recipeval.engines.reference.loop import run
 from recipeval.recipe import load_recipe, resolve
+from recipeval.reference.config import parse_args
+from recipeval.reference.loop import run
 
 pytestmark = pytest.mark.slow
 
 
 def test_reward_rises_on_the_tiny_recipe(tmp_path):
     launch = render(resolve(load_recipe(TINY_RECIPE).recipe))
-    argv = launch.argv[3:]  # after `python -m recipeval.engines.reference`
+    argv = launch.argv[3:]  # after `python -m recipeval.reference`
     logging.disable(logging.INFO)
     try:
         history = run(parse_args([*argv, "--cache-dir", str(tmp_path)]))

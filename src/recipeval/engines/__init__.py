@@ -14,6 +14,6 @@ def render(resolved: Resolved, environ: Mapping[str, str] | None = None) -> Laun
         from recipeval.engines.miles.render import render as render_miles
 
         return render_miles(resolved, environ)
-    from recipeval.engines.reference.render import render as render_reference
+    from recipeval.engines.reference import render as render_reference
 
     return render_reference(resolved, environ)

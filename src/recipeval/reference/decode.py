@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from recipeval.engines.reference.kvcache import WindowedStaticCache, window_for
-from recipeval.engines.reference.tokenizer import EOS_ID, PAD_ID
+from recipeval.reference.kvcache import WindowedStaticCache, window_for
+from recipeval.reference.tokenizer import EOS_ID, PAD_ID
 
 EOS_CHECK_EVERY = 32  # steps between host syncs that ask "has every sample finished?"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from recipeval.engines.reference.config import EngineConfig, ModelShape
+from recipeval.reference.config import EngineConfig, ModelShape
 
 BASE_CONFIG = Path(__file__).with_name("qwen2_base.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -45,7 +45,7 @@ def resolve_device(config: EngineConfig) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        from recipeval.engines.reference.config import ConfigError
+        from recipeval.reference.config import ConfigError
 
         raise ConfigError(f"--device {config.device} asked for CUDA but torch sees no GPU")
     return device

@@ -10,7 +10,7 @@ from recipeval.engines.launch import Launch, Resources, cluster_flags, flag_word
 from recipeval.recipe.load import recipe_sha256
 from recipeval.recipe.resolve import Resolved
 
-MODULE = "recipeval.engines.reference"
+MODULE = "recipeval.reference"
 
 
 def render(resolved: Resolved, environ: Mapping[str, str] | None = None) -> Launch:

@@ -18,13 +18,13 @@ from typing import Any, Protocol
 
 import torch
 
-from recipeval.engines.reference.config import ConfigError, EngineConfig
-from recipeval.engines.reference.dump import DumpError, LogprobDump, Responses, read_responses
-from recipeval.engines.reference.logfmt import MAIN, configure_logging
-from recipeval.engines.reference.modeling import resolve_device
-from recipeval.engines.reference.rollout import RolloutBatch, RolloutWorker, limit_cpu_threads
-from recipeval.engines.reference.trainer import Trainer, TrainResult
-from recipeval.engines.reference.warmstart import initial_state
+from recipeval.reference.config import ConfigError, EngineConfig
+from recipeval.reference.dump import DumpError, LogprobDump, Responses, read_responses
+from recipeval.reference.logfmt import MAIN, configure_logging
+from recipeval.reference.modeling import resolve_device
+from recipeval.reference.rollout import RolloutBatch, RolloutWorker, limit_cpu_threads
+from recipeval.reference.trainer import Trainer, TrainResult
+from recipeval.reference.warmstart import initial_state
 
 logger = logging.getLogger(MAIN)
 RAY_JOB_MARKER = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray's job supervisor for the entrypoint

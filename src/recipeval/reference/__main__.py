@@ -1,4 +1,4 @@
-"""`python -m recipeval.engines.reference <flags>`: the command the launcher renders.
+"""`python -m recipeval.reference <flags>`: the command the launcher renders.
 
 Exit codes: 0 done, 2 bad flags (one line naming the flag), 143 stopped by SIGTERM (130 by
 SIGINT) after closing the partial dump and stopping its Ray actors."""
@@ -23,21 +23,21 @@ def _raise_stopped(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from recipeval.engines.reference.config import ConfigError, parse_args
+    from recipeval.reference.config import ConfigError, parse_args
 
     try:
         config = parse_args(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
-        print(f"python -m recipeval.engines.reference: error: {exc}", file=sys.stderr)
+        print(f"python -m recipeval.reference: error: {exc}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _raise_stopped)
     signal.signal(signal.SIGINT, _raise_stopped)
-    from recipeval.engines.reference.loop import run
+    from recipeval.reference.loop import run
 
     try:
         run(config)
     except ConfigError as exc:
-        print(f"python -m recipeval.engines.reference: error: {exc}", file=sys.stderr)
+        print(f"python -m recipeval.reference: error: {exc}", file=sys.stderr)
         return 2
     except Stopped as stop:
         print(f"reference engine: stopped by {stop}", file=sys.stderr, flush=True)

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from recipeval.engines.reference.config import EngineConfig
-from recipeval.engines.reference.decode import Generation, StaticCacheDecoder
-from recipeval.engines.reference.dump import Responses
-from recipeval.engines.reference.logfmt import ROLLOUT, configure_logging, metrics_message
-from recipeval.engines.reference.modeling import DTYPES, build_model, cast_weights, resolve_device
-from recipeval.engines.reference.task import PROMPT_TOKENS, problems, reward
+from recipeval.reference.config import EngineConfig
+from recipeval.reference.decode import Generation, StaticCacheDecoder
+from recipeval.reference.dump import Responses
+from recipeval.reference.logfmt import ROLLOUT, configure_logging, metrics_message
+from recipeval.reference.modeling import DTYPES, build_model, cast_weights, resolve_device
+from recipeval.reference.task import PROMPT_TOKENS, problems, reward
 
 logger = logging.getLogger(ROLLOUT)
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from recipeval.engines.reference import grpo
-from recipeval.engines.reference.config import EngineConfig
-from recipeval.engines.reference.logfmt import TRAINER, configure_logging, metrics_message
-from recipeval.engines.reference.modeling import DTYPES, build_model, resolve_device
-from recipeval.engines.reference.rollout import RolloutBatch, limit_cpu_threads
-from recipeval.engines.reference.tokenizer import PAD_ID
+from recipeval.reference import grpo
+from recipeval.reference.config import EngineConfig
+from recipeval.reference.logfmt import TRAINER, configure_logging, metrics_message
+from recipeval.reference.modeling import DTYPES, build_model, resolve_device
+from recipeval.reference.rollout import RolloutBatch, limit_cpu_threads
+from recipeval.reference.tokenizer import PAD_ID
 
 logger = logging.getLogger(TRAINER)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from recipeval.engines.reference.tokenizer import BOS_ID, EOS_ID, PAD_ID, decode_until_eos, encode
+from recipeval.reference.tokenizer import BOS_ID, EOS_ID, PAD_ID, decode_until_eos, encode
 
 PROMPT_TOKENS = 7  # <bos> d d + d d =
 TASK_NAME = "add2-pad3-v3"

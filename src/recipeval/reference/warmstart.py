@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_model, save_model
 
-from recipeval.engines.reference.config import EngineConfig
-from recipeval.engines.reference.logfmt import MAIN
-from recipeval.engines.reference.modeling import BASE_CONFIG, build_model
-from recipeval.engines.reference.task import PROMPT_TOKENS, TASK_NAME, problems
-from recipeval.engines.reference.tokenizer import PAD_ID
+from recipeval.reference.config import EngineConfig
+from recipeval.reference.logfmt import MAIN
+from recipeval.reference.modeling import BASE_CONFIG, build_model
+from recipeval.reference.task import PROMPT_TOKENS, TASK_NAME, problems
+from recipeval.reference.tokenizer import PAD_ID
 
 logger = logging.getLogger(MAIN)
 CACHE_FORMAT = 1

@@ -109,7 +109,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m recipeval.engines.reference",
+        prog="python -m recipeval.reference",
         description="A small, real GRPO loop (rollout worker + trainer) logging in miles' format.",
         allow_abbrev=False,
     )
@@ -233,8 +233,8 @@ def parse_args(argv: list[str]) -> EngineConfig:
 
 def check(config: EngineConfig) -> None:
     """Settings that parse but cannot run: say which flag and what to do."""
-    from recipeval.engines.reference.task import PROMPT_TOKENS
-    from recipeval.engines.reference.tokenizer import TOKENIZER_SIZE
+    from recipeval.reference.task import PROMPT_TOKENS
+    from recipeval.reference.tokenizer import TOKENIZER_SIZE
 
     m = config.model
     if m.vocab_size < TOKENIZER_SIZE:
