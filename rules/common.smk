@@ -171,7 +171,7 @@ def require_args(stage):
 
 
 # `--runner` for the GPU stages: the configured one, else the stage's default (slurm inside
-# a Slurm allocation, ray where installed, local otherwise), so no profile has to set it.
+# a Slurm allocation, ray when RAY_ADDRESS is set, local otherwise), so no profile has to set it.
 RUNNER = f"--runner {config['runner']}" if config["runner"] else ""
 
 

@@ -15,7 +15,8 @@ ALLOCATION = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_
 def test_default_runner_is_slurm_inside_an_allocation():
     assert in_allocation(ALLOCATION)
     assert default_runner_name(ALLOCATION) == "slurm"
-    assert default_runner_name({}) in ("ray", "local")
+    assert default_runner_name({}) == "local"
+    assert default_runner_name({"RAY_ADDRESS": "http://127.0.0.1:8265"}) == "ray"
 
 
 def test_gpus_per_node_from_slurm_else_recipe():

@@ -186,11 +186,13 @@ def build_record(results: Iterable[StageResult]) -> RunRecord:
 
 
 def collect_results(paths: Iterable[Path]) -> dict[str, list[StageResult]]:
-    """Read stage result files (or `<dir>/*/<stage>.json` for a directory) grouped by recipe."""
+    """Read stage result files grouped by recipe; a directory is a results folder
+    (`<dir>/*/<stage>.json`) or one recipe's folder (`<dir>/<stage>.json`)."""
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            files += sorted(p for stage in STAGES for p in path.glob(f"*/{stage}.json"))
+            files += sorted(p for stage in STAGES for pattern in (f"*/{stage}.json", f"{stage}.json")
+                            for p in path.glob(pattern))
         else:
             files.append(path)
     grouped: dict[str, list[StageResult]] = {}

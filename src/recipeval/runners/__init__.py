@@ -14,13 +14,15 @@ RUNNERS = ("local", "ray", "slurm")
 
 
 def default_runner_name(environ: Mapping[str, str] | None = None) -> str:
-    """slurm inside an allocation, ray when installed, else local."""
+    """slurm inside an allocation, ray when RAY_ADDRESS names a cluster, else local: a laptop
+    or a single node asks for no Ray (a private Ray head costs ~100 s a stage on 2 cores), and
+    the profile or config (`runner:`) can still ask for it."""
     from recipeval.runners.slurm import in_allocation
 
     environ = os.environ if environ is None else environ
     if in_allocation(environ):
         return "slurm"
-    if importlib.util.find_spec("ray") is not None:
+    if environ.get("RAY_ADDRESS"):
         return "ray"
     return "local"
 

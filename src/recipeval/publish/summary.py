@@ -1,0 +1,55 @@
+"""What the end of a run shows: the verdict of every stage of every recipe, and where to look.
+
+    tiny-grpo-cpu   env_check pass   smoke pass   logprob_diff pass   bench pass
+    verdict: ok (results/regression.json)
+    tables and plots: results/tables/benchmarks.html
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from recipeval.recipe import STAGES
+from recipeval.result import read_result
+
+
+def stage_statuses(results: Path) -> dict[str, dict[str, str]]:
+    """recipe folder name -> stage -> status, for every stage result under `results`; an
+    unreadable result reads as `unreadable`."""
+    table: dict[str, dict[str, str]] = {}
+    for folder in sorted(p for p in results.iterdir() if p.is_dir()) if results.is_dir() else []:
+        for stage in STAGES:
+            path = folder / f"{stage}.json"
+            if not path.is_file():
+                continue
+            try:
+                status = read_result(path).status
+            except (OSError, ValueError):
+                status = "unreadable"
+            table.setdefault(folder.name, {})[stage] = status
+    return table
+
+
+def verdict_lines(results: Path) -> list[str]:
+    """The lines to print; a results folder with no stage result says so."""
+    table = stage_statuses(results)
+    if not table:
+        return [f"no stage results under {results}"]
+    width = max(len(name) for name in table)
+    lines = [f"{name:{width}}  " + "   ".join(f"{stage} {status}" for stage, status in stages.items())
+             for name, stages in table.items()]
+    verdict = results / "regression.json"
+    if verdict.is_file():
+        try:
+            ok = json.loads(verdict.read_text()).get("ok")
+            lines.append(f"verdict: {'ok' if ok else 'FAILED or REGRESSED'} ({verdict})")
+        except (OSError, ValueError):
+            lines.append(f"verdict: unreadable ({verdict})")
+    page = results / "tables" / "benchmarks.html"
+    if page.is_file():
+        lines.append(f"tables and plots: {page}")
+    return lines
+
+
+__all__ = ["stage_statuses", "verdict_lines"]
