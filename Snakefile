@@ -26,10 +26,12 @@ localrules:
 
 onsuccess:
     stop_shared_ray(log)
+    print_verdicts()
 
 
 onerror:
     stop_shared_ray(log)
+    print_verdicts()
 
 
 rule all:

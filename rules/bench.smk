@@ -24,4 +24,4 @@ rule bench:
         require=require_args("bench"),
     shell:
         "recipeval bench --recipe {input.recipe:q} --out {params.out:q} {params.require:q}"
-        f" {RUNNER} --exit-zero > {{log:q}} 2>&1"
+        f" {RUNNER} --exit-zero 2>&1 | tee {{log:q}}"

@@ -229,3 +229,11 @@ def stop_shared_ray(log):
         ],
         check=False,
     )
+
+
+def print_verdicts():
+    """onsuccess/onerror: the last lines on the terminal say how every stage went and where
+    the tables are."""
+    from recipeval.publish.summary import verdict_lines
+
+    print("\n".join(["", "recipeval:", *verdict_lines(Path(RESULTS), RECIPES)]), flush=True)

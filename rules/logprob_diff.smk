@@ -22,4 +22,4 @@ rule logprob_diff:
         require=require_args("logprob_diff"),
     shell:
         "recipeval logprob-diff --recipe {input.recipe:q} --out {params.out:q} {params.require:q}"
-        f" {RUNNER} --exit-zero > {{log:q}} 2>&1"
+        f" {RUNNER} --exit-zero 2>&1 | tee {{log:q}}"

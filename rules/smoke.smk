@@ -22,4 +22,4 @@ rule smoke:
         require=require_args("smoke"),
     shell:
         "recipeval smoke --recipe {input.recipe:q} --out {params.out:q} {params.require:q}"
-        f" {RUNNER} --exit-zero > {{log:q}} 2>&1"
+        f" {RUNNER} --exit-zero 2>&1 | tee {{log:q}}"

@@ -8,17 +8,22 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from recipeval.recipe import STAGES
 from recipeval.result import read_result
 
 
-def stage_statuses(results: Path) -> dict[str, dict[str, str]]:
-    """recipe folder name -> stage -> status, for every stage result under `results`; an
-    unreadable result reads as `unreadable`."""
+def stage_statuses(results: Path, recipes: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+    """recipe folder name -> stage -> status, for every stage result under `results` (only
+    `recipes`' folders when given); an unreadable result reads as `unreadable`."""
     table: dict[str, dict[str, str]] = {}
-    for folder in sorted(p for p in results.iterdir() if p.is_dir()) if results.is_dir() else []:
+    folders = sorted(p for p in results.iterdir() if p.is_dir()) if results.is_dir() else []
+    wanted = None if recipes is None else set(recipes)
+    for folder in folders:
+        if wanted is not None and folder.name not in wanted:
+            continue
         for stage in STAGES:
             path = folder / f"{stage}.json"
             if not path.is_file():
@@ -31,9 +36,9 @@ def stage_statuses(results: Path) -> dict[str, dict[str, str]]:
     return table
 
 
-def verdict_lines(results: Path) -> list[str]:
+def verdict_lines(results: Path, recipes: Iterable[str] | None = None) -> list[str]:
     """The lines to print; a results folder with no stage result says so."""
-    table = stage_statuses(results)
+    table = stage_statuses(results, recipes)
     if not table:
         return [f"no stage results under {results}"]
     width = max(len(name) for name in table)
