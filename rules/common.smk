@@ -41,6 +41,13 @@ class RecipeRow:
 def _recipe_paths(selection):
     paths = {p for pattern in selection["globs"] for p in glob.glob(pattern)}
     paths |= set(selection["files"])
+    for folder in selection["sweeps"]:
+        if not os.path.isdir(folder):
+            raise WorkflowError(
+                f"config recipes.sweeps: {folder} is not a folder (write one with "
+                "`recipeval layouts RECIPE --emit DIR` or `recipeval ablate A B --emit DIR`)"
+            )
+        paths |= set(glob.glob(os.path.join(folder, "*.yaml")))
     excluded = {p for pattern in selection["exclude"] for p in glob.glob(pattern)}
     return sorted(paths - excluded)
 

@@ -131,3 +131,21 @@ def batch_checks(subject: Subject) -> list[Check]:
             )
         )
     return checks
+
+
+def rollout_engine_checks(subject: Subject) -> list[Check]:
+    """The rollout engines tile the cluster: miles starts GPUs / rollout-num-gpus-per-engine
+    SGLang engines, and an engine larger than a node must span whole nodes."""
+    r = subject.recipe
+    engine = subject.int_arg("rollout-num-gpus-per-engine")
+    if engine is None or not r.cluster.gpus_per_node:
+        return []
+    world, per_node = r.world_size, r.cluster.gpus_per_node
+    key = subject.arg_key("rollout-num-gpus-per-engine")
+    fits = engine > 0 and world % engine == 0
+    whole = engine <= per_node and per_node % engine == 0 or engine % per_node == 0
+    ok = fits and whole
+    why = (f"{world // engine} engine(s) of {engine} GPUs on {r.cluster.nodes} x {per_node} GPUs"
+           if ok else f"engines of {engine} GPUs do not tile {r.cluster.nodes} nodes x {per_node} GPUs"
+           + ("" if fits else f" ({world} GPUs)") + ("" if whole else ": an engine would straddle a node"))
+    return [subject.check("rollout.engine-tiling", ok, why, key=key, value=engine, threshold=world)]

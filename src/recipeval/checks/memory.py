@@ -63,7 +63,7 @@ class TrainState:
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes
 
 
-def _moe_layers(subject: Subject) -> int:
+def moe_layers(subject: Subject) -> int:
     layers = subject.recipe.model.layers
     freq = subject.recipe.model.args.get("moe-layer-freq")
     if isinstance(freq, str) and freq.strip().startswith("["):
@@ -83,7 +83,7 @@ def expert_parameters(subject: Subject) -> float:
         return 0.0
     gated = bool(m.args.get("swiglu"))
     return (
-        _moe_layers(subject)
+        moe_layers(subject)
         * m.experts
         * (3 if gated else 2)
         * m.hidden_size

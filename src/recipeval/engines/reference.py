@@ -11,6 +11,13 @@ from recipeval.recipe.load import recipe_sha256
 from recipeval.recipe.resolve import Resolved
 
 MODULE = "recipeval.reference"
+# Its layout is fixed (one device): what changes its speed, which `recipeval layouts` sweeps
+# instead. flag -> values, the trainer's default first.
+SPEED_KNOBS: dict[str, tuple[object, ...]] = {
+    "micro-batch-size": (0, 8),
+    "recompute-activations": (False, True),
+    "train-dtype": ("float32", "bfloat16"),
+}
 
 
 def render(resolved: Resolved, environ: Mapping[str, str] | None = None) -> Launch:

@@ -80,9 +80,17 @@ class LoadedRecipe:
         return RecipeError(file, message, key, line)
 
 
+# Optional top-level keys added to the format later: unset, they stay out of the identity,
+# so a new key in the schema does not change the hash of every existing recipe.
+_UNSET_NOT_HASHED = ("sweep",)
+
+
 def canonical_json(recipe: Recipe) -> str:
     """The recipe's canonical text: fully resolved, key-sorted, compact JSON."""
     data = recipe.model_dump(mode="json", exclude={"extends"})
+    for key in _UNSET_NOT_HASHED:
+        if data.get(key) is None:
+            data.pop(key, None)
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 

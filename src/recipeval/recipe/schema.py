@@ -158,6 +158,19 @@ class Paths(Strict):
     megatron: str | None = None
 
 
+class Sweep(Strict):
+    """Where a generated variant came from (`recipeval layouts --emit`, `recipeval ablate
+    --emit`): publish ranks layouts and attributes ablations by it."""
+
+    kind: Literal["layouts", "ablation"]
+    base: str = Field(description="the recipe the variant was made from")
+    rank: PositiveInt | None = Field(None, description="the layout's rank by predicted cost")
+    predicted_s: Annotated[float, Field(ge=0)] | None = Field(
+        None, description="predicted training seconds per rollout (layouts)"
+    )
+    keys: list[str] = Field(default_factory=list, description="the keys this variant changes")
+
+
 class Recipe(Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
     extends: str | list[str] | None = Field(
@@ -176,6 +189,7 @@ class Recipe(Strict):
     expect: dict[Stage, dict[str, float]] = Field(
         default_factory=dict, description="stage -> metric -> expected value (e.g. seconds)"
     )
+    sweep: Sweep | None = None
 
     @property
     def world_size(self) -> int:

@@ -1,0 +1,49 @@
+"""Write generated variants as recipe files: each extends its base recipe and sets only what
+it changes, plus a `sweep` block saying where it came from."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recipeval.recipe import load_recipe
+from recipeval.recipe.schema import Sweep
+
+
+class EmitError(ValueError):
+    """An output folder that cannot take the variants."""
+
+
+def prepare_folder(folder: Path) -> Path:
+    """The emit folder, created; a file in its place is an error (exit 2 at the CLI)."""
+    if folder.exists() and not folder.is_dir():
+        raise EmitError(f"--emit {folder}: exists and is not a folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def write_variant(base: Path, folder: Path, name: str, changes: dict[str, Any],
+                  sweep: Sweep, comment: str) -> Path:
+    """DIR/<name>.yaml extending `base` with `changes` (nested recipe keys); loaded back before
+    it is left in place, so a variant on disk is always a valid recipe."""
+    body = {"name": name, "extends": os.path.relpath(base.resolve(), folder.resolve()),
+            **changes, "sweep": sweep.model_dump(exclude_none=True, exclude_defaults=True)
+            | {"kind": sweep.kind, "base": sweep.base}}
+    path = folder / f"{name}.yaml"
+    text = "".join(f"# {line}\n" for line in comment.splitlines())
+    text += yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=100)
+    tmp = path.with_name(f".{name}.tmp.yaml")
+    tmp.write_text(text)
+    try:
+        load_recipe(tmp)
+    except Exception:
+        tmp.unlink()
+        raise
+    os.replace(tmp, path)
+    return path
+
+
+__all__ = ["EmitError", "prepare_folder", "write_variant"]

@@ -1,0 +1,405 @@
+"""`recipeval layouts`: every parallel layout of a recipe's model on N GPUs that the real
+validators accept and that fits memory, ranked by the cost model (explore.cost).
+
+The space: TP, CP and PP whose product divides the GPU count (CP up to 8, PP up to the layer
+count); ETP 1 or TP; EP dividing GPUs / (ETP x PP), 1 for a dense model; sequence parallelism
+on whenever TP > 1 (it moves the same bytes as TP alone and holds fewer activations, so a
+layout without it is never better); pipeline splits even, or with every stage within one layer
+of the even share and equal middle stages (as 11+11+11+10 for 43 layers).
+
+Each candidate goes through env_check's own checks, cheapest first, and is rejected at the
+first that fails: the layout arithmetic Megatron does at start-up, the rollout engines tiling
+the GPUs, the memory model, megatron-core's micro-batch calculator, then megatron-core's
+TransformerConfig and initialize_model_parallel (under a fake process group).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recipeval.checks import context, layout, memory
+from recipeval.checks.subject import Subject
+from recipeval.explore.cost import (
+    Calibration,
+    Cost,
+    Placement,
+    Workload,
+    calibrate,
+    hardware_for,
+    predict,
+)
+from recipeval.explore.emit import prepare_folder, write_variant
+from recipeval.recipe import LoadedRecipe
+from recipeval.recipe.schema import Cluster, Parallel, Recipe, Sweep
+from recipeval.result import Check
+
+MAX_CP = 8
+# The metric a layout's prediction is calibrated against: training time per rollout.
+MEASURED_METRIC = "bench.metrics.perf/actor_train_time"
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    first: int | None = None  # decoder layers of the first / last pipeline stage (None: even)
+    last: int | None = None
+
+    @property
+    def sp(self) -> bool:
+        return self.tp > 1
+
+    def parallel(self) -> Parallel:
+        return Parallel(tp=self.tp, sequence_parallel=self.sp, pp=self.pp,
+                        pp_first_stage_layers=self.first, pp_last_stage_layers=self.last,
+                        cp=self.cp, ep=self.ep, etp=self.etp)
+
+    def stage_layers(self, layers: int) -> tuple[int, ...]:
+        if self.pp == 1:
+            return (layers,)
+        if self.first is None:
+            return (layers // self.pp,) * self.pp
+        assert self.last is not None
+        middle = self.pp - 2
+        share = (layers - self.first - self.last) // middle if middle else 0
+        return (self.first, *([share] * middle), self.last)
+
+    def describe(self, layers: int) -> str:
+        split = "+".join(map(str, self.stage_layers(layers)))
+        sp = " SP" if self.sp else ""
+        return f"TP{self.tp}{sp} PP{self.pp} ({split}) CP{self.cp} EP{self.ep} ETP{self.etp}"
+
+    def slug(self) -> str:
+        split = f"-{self.first}-{self.last}" if self.first is not None else ""
+        sp = "-sp" if self.sp else ""
+        return f"tp{self.tp}{sp}-pp{self.pp}{split}-cp{self.cp}-ep{self.ep}-etp{self.etp}"
+
+
+def pipeline_splits(layers: int, pp: int) -> list[tuple[int | None, int | None]]:
+    if pp == 1:
+        return [(None, None)]
+    splits: list[tuple[int | None, int | None]] = [(None, None)] if layers % pp == 0 else []
+    even = layers / pp
+    near = range(max(math.ceil(even - 1), 1), math.floor(even + 1) + 1)
+    stages = pp - 2
+    for first in near:
+        for last in near:
+            middle = layers - first - last
+            if stages == 0:
+                fits = middle == 0
+            else:
+                fits = middle > 0 and middle % stages == 0 and middle // stages in near
+            uniform = first == last == even and (not stages or middle // stages == even)
+            if fits and not uniform:
+                splits.append((first, last))
+    return splits
+
+
+def candidate_layouts(recipe: Recipe, gpus: int) -> Iterator[Layout]:
+    model = recipe.model
+    for tp in divisors(gpus):
+        for cp in (d for d in divisors(gpus // tp) if d <= MAX_CP):
+            for pp in (d for d in divisors(gpus // (tp * cp)) if d <= model.layers):
+                for etp in sorted({1, tp}) if model.experts else [1]:
+                    if gpus % (etp * pp):
+                        continue
+                    experts = divisors(gpus // (etp * pp)) if model.experts else [1]
+                    for ep in experts:
+                        for first, last in pipeline_splits(model.layers, pp):
+                            yield Layout(tp, pp, cp, ep, etp, first, last)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A measured run of this model: its layout and training seconds per rollout."""
+
+    parallel: Parallel
+    cluster: Cluster
+    seconds: float
+
+
+def measurements(records: Iterable[Any], recipe: Recipe) -> list[Measured]:
+    """Runs in the history (publish's RunRecords) of the same model on the same GPU model with
+    a measured training time."""
+    found = []
+    for rec in records:
+        values = rec.recipe_values
+        if values.get("model.name") != recipe.model.name or MEASURED_METRIC not in rec.metrics:
+            continue
+        if values.get("cluster.gpu") != recipe.cluster.gpu:
+            continue
+        keys = {f.removeprefix("parallel."): v for f, v in values.items() if f.startswith("parallel.")}
+        found.append(Measured(Parallel(**keys), Cluster(**{
+            k.removeprefix("cluster."): v for k, v in values.items() if k.startswith("cluster.")}),
+            float(rec.metrics[MEASURED_METRIC])))
+    return found
+
+
+@dataclass
+class Ranked:
+    layout: Layout
+    cost: Cost
+    seconds: float  # the calibrated prediction
+    memory_gb: float | None
+    memory_limit_gb: float | None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def headroom(self) -> float | None:
+        if self.memory_gb is None or not self.memory_limit_gb:
+            return None
+        return 1 - self.memory_gb / self.memory_limit_gb
+
+
+@dataclass
+class Rejection:
+    count: int = 0
+    example: str = ""
+
+
+@dataclass
+class Exploration:
+    recipe: str
+    gpus: int
+    nodes: int
+    gpus_per_node: int
+    layers: int
+    kept: list[Ranked]
+    rejected: dict[str, Rejection]
+    candidates: int
+    calibration: Calibration
+    seconds: float
+
+
+class LayoutError(ValueError):
+    """A GPU or node count the explorer cannot use."""
+
+
+def _variant(loaded: LoadedRecipe, base: Subject, layout_: Layout, cluster: Cluster) -> Subject:
+    recipe = loaded.recipe.model_copy(update={"parallel": layout_.parallel(), "cluster": cluster})
+    return Subject(dataclasses.replace(loaded, recipe=recipe),
+                   dataclasses.replace(base.resolved, recipe=recipe))
+
+
+def workload(subject: Subject) -> Workload:
+    """What one rollout's training costs, from the recipe's model and batch flags."""
+    m = subject.recipe.model
+    vocab = m.vocab_size or 0
+    experts = memory.expert_parameters(subject)
+    if m.parameters:
+        total = m.parameters
+    else:
+        ffn = m.ffn_hidden_size or 4 * m.hidden_size
+        total = m.layers * (4 * m.hidden_size**2 + 3 * m.hidden_size * ffn) + 2 * vocab * m.hidden_size
+        total += experts
+    experts = min(experts, total)
+    topk = m.moe_router_topk or 1
+    active = total - experts + (experts * topk / m.experts if m.experts else 0)
+    per_layer = max(active - 2 * vocab * m.hidden_size, active / 2) / m.layers
+    samples = (subject.int_arg("rollout-batch-size") or 1) * (subject.int_arg("n-samples-per-prompt") or 1)
+    steps = subject.int_arg("num-steps-per-rollout") or 1
+    seq = (subject.int_arg("rollout-max-response-len") or 1024) + (subject.int_arg("rollout-max-prompt-len") or 0)
+    dynamic = subject.flag_on("use-dynamic-batch-size")
+    recompute = subject.arg("recompute-granularity") == "full" or subject.flag_on("recompute-activations")
+    return Workload(
+        layers=m.layers, moe_layers=memory.moe_layers(subject) if m.experts else 0,
+        hidden=m.hidden_size, active_params=active, total_params=total, expert_params=experts,
+        output_layer_units=vocab * m.hidden_size / per_layer, topk=topk, tokens=samples * seq,
+        steps=steps, global_batch=context.global_batch(subject) or samples,
+        micro_batch=subject.int_arg("micro-batch-size", 1) or 1,
+        max_tokens_per_gpu=subject.int_arg("max-tokens-per-gpu") if dynamic else None,
+        recompute=recompute,
+    )
+
+
+def _placement(layout_: Layout, layers: int, gpus: int, per_node: int) -> Placement:
+    return Placement(layout_.tp, layout_.pp, layout_.cp, layout_.ep, layout_.etp,
+                     layout_.stage_layers(layers), gpus, per_node)
+
+
+def _first_failure(checks: list[Check]) -> Check | None:
+    return next((c for c in checks if not c.ok and c.severity == "error"), None)
+
+
+def explore(loaded: LoadedRecipe, gpus: int, nodes: int | None = None,
+            measured: list[Measured] | None = None) -> Exploration:
+    """Every valid layout on `gpus` GPUs over `nodes` nodes (default: the recipe's GPUs per
+    node), ranked by predicted training seconds per rollout; raises LayoutError."""
+    start = time.perf_counter()
+    recipe = loaded.recipe
+    if gpus < 1:
+        raise LayoutError(f"--gpus {gpus}: give a positive GPU count")
+    per_node = recipe.cluster.gpus_per_node or gpus
+    nodes = nodes or max(gpus // per_node, 1)
+    if gpus % nodes:
+        raise LayoutError(f"--gpus {gpus} does not split over --nodes {nodes}")
+    per_node = gpus // nodes
+    cluster = Cluster(nodes=nodes, gpus_per_node=per_node, gpu=recipe.cluster.gpu)
+    base = Subject.of(loaded, "bench")
+    megatron = layout.load_megatron()
+    hw = hardware_for(recipe.cluster.gpu)
+    work = workload(base)
+    layers = recipe.model.layers
+    kept: list[Ranked] = []
+    rejected: dict[str, Rejection] = {}
+    candidates = 0
+    for candidate in candidate_layouts(recipe, gpus):
+        candidates += 1
+        subject = _variant(loaded, base, candidate, cluster)
+        checks = layout.arithmetic_checks(subject) + context.rollout_engine_checks(subject)
+        mem = memory.memory_checks(subject)
+        checks += mem
+        failed = _first_failure(checks)
+        if failed is None:
+            global_batch = context.global_batch(subject)
+            micro = layout.microbatch_check(subject, megatron, global_batch) if global_batch else None
+            checks += [micro] if micro else []
+            failed = _first_failure(checks)
+        if failed is None:
+            checks += layout.megatron_checks(subject, megatron)
+            failed = _first_failure(checks)
+        if failed is not None:
+            slot = rejected.setdefault(failed.id, Rejection(example=failed.message))
+            slot.count += 1
+            continue
+        per_gpu = next((c for c in mem if c.id == "memory.per-gpu"), None)
+        limit = memory.gpu_memory_gb(recipe.cluster.gpu)
+        cost = predict(work, _placement(candidate, layers, gpus, per_node), hw)
+        warnings = [c.message for c in checks if not c.ok and c.severity == "warning"]
+        kept.append(Ranked(candidate, cost, cost.total,
+                           float(per_gpu.value) if per_gpu and per_gpu.value is not None else None,
+                           limit, warnings))
+    calibration = _calibration(measured or [], work, layers, hw)
+    for ranked in kept:
+        ranked.seconds = calibration.apply(ranked.cost)
+    kept.sort(key=lambda r: (round(r.seconds, 6), -(r.headroom or 0.0)))
+    return Exploration(recipe.name, gpus, nodes, per_node, layers, kept, rejected, candidates,
+                       calibration, time.perf_counter() - start)
+
+
+def _calibration(measured: list[Measured], work: Workload, layers: int, hw: Any) -> Calibration:
+    predicted = []
+    for run in measured:
+        p = run.parallel
+        run_layout = Layout(p.tp, p.pp, p.cp, p.ep, p.etp, p.pp_first_stage_layers,
+                            p.pp_last_stage_layers)
+        gpus = run.cluster.nodes * run.cluster.gpus_per_node
+        predicted.append(predict(work, _placement(run_layout, layers, gpus,
+                                                  run.cluster.gpus_per_node), hw))
+    return calibrate(predicted, [m.seconds for m in measured])
+
+
+
+
+def current_layout(recipe: Recipe) -> Layout:
+    p = recipe.parallel
+    return Layout(p.tp, p.pp, p.cp, p.ep, p.etp, p.pp_first_stage_layers, p.pp_last_stage_layers)
+
+
+COST_MODEL = ("predicted training seconds per rollout = compute (6 x active parameters x tokens "
+              "at 35 % of the GPU's BF16 peak, stretched by pipeline imbalance and the 1F1B bubble) "
+              "+ communication: tp (SP all-gather/reduce-scatter), cp (ring attention K/V), ep "
+              "(MoE all-to-all), pp (stage activations), dp (gradients); intra-node vs network "
+              "bandwidth by placement. Memory: weights, gradients, optimizer state and SGLang's "
+              "static fraction, not activations")
+
+
+def table_lines(found: Exploration, current: Layout | None, top: int | None) -> list[str]:
+    """The report `recipeval layouts` prints: header, ranked table, rejections per reason."""
+    kept = found.kept[:top] if top else found.kept
+    rejected = sum(r.count for r in found.rejected.values())
+    lines = [
+        (f"{found.recipe}: {found.candidates} layouts on {found.gpus} GPUs ({found.nodes} nodes x "
+        f"{found.gpus_per_node}), {len(found.kept)} valid and fitting, {rejected} rejected "
+        f"({found.seconds:.1f} s)"),
+        f"cost model: {COST_MODEL}",
+        f"calibration: {found.calibration.describe()}",
+        "",
+        f"{'rank':>4}  {'layout':42} {'predicted s':>11}  {'parts (s)':44} {'memory GB/GPU':>14}",
+    ]
+    for rank, item in enumerate(kept, 1):
+        mark = " *" if current is not None and item.layout == current else ""
+        parts = " ".join(f"{k} {v:.2f}" for k, v in item.cost.parts.items())
+        memory_ = (f"{item.memory_gb:.0f}/{item.memory_limit_gb:.0f} ({item.headroom:.0%} free)"
+                   if item.headroom is not None else "-")
+        lines.append(f"{rank:>4}  {item.layout.describe(found.layers) + mark:42} "
+                     f"{item.seconds:11.2f}  {parts:44} {memory_:>14}")
+    if len(kept) < len(found.kept):
+        lines.append(f"      ... {len(found.kept) - len(kept)} more (--top)")
+    if current is not None:
+        where = next((i for i, r in enumerate(found.kept, 1) if r.layout == current), None)
+        lines.append(f"* the recipe's own layout{f' (rank {where})' if where else ': not among the valid ones'}")
+    lines.append("")
+    lines.append("rejected, by the first check that failed:")
+    for reason, rej in sorted(found.rejected.items(), key=lambda kv: -kv[1].count):
+        lines.append(f"  {rej.count:6}  {reason}: e.g. {rej.example.split(' [')[0][:160]}")
+    return lines
+
+
+def emit_layouts(found: Exploration, loaded: LoadedRecipe, folder: Path, top: int | None) -> list[Path]:
+    """One recipe per kept layout (the best `top`): extends the original, changes `parallel`
+    (and `cluster` when the GPU count differs)."""
+    recipe = loaded.recipe
+    cluster = {"nodes": found.nodes, "gpus_per_node": found.gpus_per_node, "gpu": recipe.cluster.gpu}
+    same_cluster = (recipe.cluster.nodes, recipe.cluster.gpus_per_node) == (found.nodes, found.gpus_per_node)
+    prepare_folder(folder)
+    written = []
+    for rank, item in enumerate(found.kept[:top] if top else found.kept, 1):
+        changes: dict[str, Any] = {} if same_cluster else {"cluster": cluster}
+        changes["parallel"] = item.layout.parallel().model_dump(exclude_none=True)
+        sweep = Sweep(kind="layouts", base=recipe.name, rank=rank,
+                      predicted_s=round(item.seconds, 3), keys=sorted(changes))
+        comment = (f"recipeval layouts: rank {rank} of {len(found.kept)} for {recipe.name} on "
+                   f"{found.gpus} GPUs: {item.layout.describe(found.layers)}; predicted "
+                   f"{item.seconds:.2f} s training per rollout ({found.calibration.describe()})")
+        written.append(write_variant(loaded.path, folder, f"{recipe.name}--{item.layout.slug()}",
+                                     changes, sweep, comment))
+    return written
+
+
+def knob_variants(recipe: Recipe, knobs: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """For an engine whose layout is fixed: every combination of its speed knobs (flag ->
+    values, the engine's default first) other than the recipe's own settings; each variant
+    sets only the flags it changes."""
+    own = {flag: recipe.args.get(flag, values[0]) for flag, values in knobs.items()}
+    return [{flag: v for flag, v in zip(knobs, values, strict=True) if v != own[flag]}
+            for values in itertools.product(*knobs.values()) if values != tuple(own.values())]
+
+
+def _slug(value: Any) -> str:
+    text = str(value).lower() if not isinstance(value, bool) else ("on" if value else "off")
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in text)
+
+
+def emit_knobs(loaded: LoadedRecipe, knobs: dict[str, tuple[Any, ...]], folder: Path,
+               top: int | None) -> list[Path]:
+    """One recipe per knob combination (the first `top`); their rank is measured, not predicted."""
+    recipe = loaded.recipe
+    prepare_folder(folder)
+    written = []
+    for args in knob_variants(recipe, knobs)[:top] if top else knob_variants(recipe, knobs):
+        name = recipe.name + "--" + "-".join(f"{flag}-{_slug(v)}" for flag, v in args.items())
+        sweep = Sweep(kind="layouts", base=recipe.name, keys=[f"args.{flag}" for flag in args])
+        comment = (f"recipeval layouts: a speed-knob variant of {recipe.name} (the engine's layout "
+                   "is fixed); ranked by measured time")
+        written.append(write_variant(loaded.path, folder, name, {"args": args}, sweep, comment))
+    return written
+
+
+__all__ = ["Exploration", "Layout", "LayoutError", "Measured", "Ranked", "candidate_layouts",
+           "current_layout", "emit_knobs", "emit_layouts", "explore", "knob_variants",
+           "measurements", "pipeline_splits", "table_lines", "workload"]

@@ -1,0 +1,107 @@
+"""The layout explorer: megatron-core and the memory model decide what is valid, the cost
+model ranks, the emitted variants are recipes that change only the layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recipeval.engines import render
+from recipeval.engines.reference import SPEED_KNOBS
+from recipeval.explore.cost import Cost, calibrate
+from recipeval.explore.layouts import (
+    Layout,
+    current_layout,
+    emit_knobs,
+    emit_layouts,
+    explore,
+    pipeline_splits,
+    table_lines,
+)
+from recipeval.recipe import load_recipe, resolve
+
+REPO = Path(__file__).resolve().parents[1]
+AMD = REPO / "recipes/amd/deepseek-v4-flash-4node-mi355x.yaml"
+TINY = REPO / "recipes/local/tiny-grpo-cpu.yaml"
+PR2139 = Layout(tp=4, pp=4, cp=1, ep=8, etp=1, first=11, last=10)
+TP8 = Layout(tp=8, pp=4, cp=1, ep=8, etp=1, first=11, last=10)
+
+
+@pytest.fixture(scope="module")
+def amd_32():
+    loaded = load_recipe(AMD)
+    return loaded, explore(loaded, 32)
+
+
+def _rank(found, layout: Layout) -> int:
+    return next(i for i, r in enumerate(found.kept) if r.layout == layout)
+
+
+def test_splits_are_even_or_within_one_layer_of_it():
+    assert (11, 10) in pipeline_splits(43, 4) and (10, 11) in pipeline_splits(43, 4)
+    assert (12, 9) not in pipeline_splits(43, 4)
+    assert pipeline_splits(44, 4)[0] == (None, None)
+    assert pipeline_splits(43, 1) == [(None, None)]
+
+
+def test_pr2139_and_the_earlier_tp8_layout_are_valid_and_ranked_with_reasons(amd_32):
+    loaded, found = amd_32
+    assert current_layout(loaded.recipe) == PR2139
+    pr, tp8 = found.kept[_rank(found, PR2139)], found.kept[_rank(found, TP8)]
+    # Less TP traffic is why #2139's TP4 ranks ahead of TP8 (the rest is the same).
+    assert _rank(found, PR2139) < _rank(found, TP8)
+    assert pr.cost.parts["tp"] < tp8.cost.parts["tp"]
+    # The last stage carries the output layer: 11+11+11+10 before 10+11+11+11.
+    assert _rank(found, PR2139) < _rank(found, Layout(4, 4, 1, 8, 1, 10, 11))
+    assert pr.headroom is not None and 0 < pr.headroom < 1
+    # Every rejection names the check that made it, with counts.
+    assert found.rejected["memory.per-gpu"].count > 0
+    assert "ETP" in found.rejected["megatron.transformer-config"].example
+    lines = table_lines(found, current_layout(loaded.recipe), top=10)
+    assert any(line.endswith(f"(rank {_rank(found, PR2139) + 1})") for line in lines)
+
+
+@pytest.mark.parametrize("gpus", [24, 48, 64])
+def test_gpu_counts_the_launch_script_refuses_get_layouts(gpus):
+    found = explore(load_recipe(AMD), gpus)
+    assert found.kept, found.rejected
+    assert all(r.layout.tp * r.layout.pp * r.layout.cp <= gpus for r in found.kept)
+
+
+def test_emitted_layouts_change_only_the_parallel_flags(amd_32, tmp_path):
+    loaded, found = amd_32
+    (path,) = emit_layouts(found, loaded, tmp_path / "emit", top=1)
+    variant = load_recipe(path)
+    assert variant.recipe.sweep is not None and variant.recipe.sweep.rank == 1
+    before = render(resolve(loaded.recipe, "bench")).argv
+    after = render(resolve(variant.recipe, "bench")).argv
+    changed = {w for w in set(after) ^ set(before) if w.startswith("--")}
+    parallel_flags = {"--tensor-model-parallel-size", "--sequence-parallel", "--pipeline-model-parallel-size",
+                      "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                      "--context-parallel-size", "--expert-model-parallel-size",
+                      "--expert-tensor-parallel-size"}
+    assert changed <= parallel_flags
+    assert len(before) != len(after) or before != after
+
+
+def test_calibration_recovers_the_scales_of_measured_runs():
+    costs = [Cost({"compute": 10.0, "tp": 1.0}), Cost({"compute": 8.0, "ep": 4.0}),
+             Cost({"compute": 12.0, "cp": 0.5})]
+    measured = [2 * c.compute + 3 * c.communication for c in costs]
+    fitted = calibrate(costs, measured)
+    assert fitted.compute_scale == pytest.approx(2) and fitted.communication_scale == pytest.approx(3)
+    assert fitted.apply(costs[0]) == pytest.approx(measured[0])
+    single = calibrate(costs[:1], [22.0])
+    assert single.compute_scale == single.communication_scale == pytest.approx(2)
+
+
+def test_a_fixed_layout_engine_sweeps_its_speed_knobs(tmp_path):
+    loaded = load_recipe(TINY)
+    paths = emit_knobs(loaded, SPEED_KNOBS, tmp_path, top=None)
+    assert len(paths) == 2 * 2 * 2 - 1  # every combination but the recipe's own
+    variants = [load_recipe(p).recipe for p in paths]
+    assert all(v.sweep is not None and v.sweep.kind == "layouts" for v in variants)
+    # Each variant sets only what it changes: the bf16 one nothing but train-dtype.
+    bf16 = next(p for p in paths if p.stem == "tiny-grpo-cpu--train-dtype-bfloat16")
+    assert "args: {train-dtype: bfloat16}" in bf16.read_text()
