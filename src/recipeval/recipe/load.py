@@ -227,6 +227,9 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
     except RecipeError as err:
         raise RecipeErrors([err]) from None
     data.setdefault("name", file.stem.removesuffix(".recipe"))
+    if isinstance(data.get("env"), dict):
+        # `env: {NAME: null}` removes a variable a parent recipe set, as in stage overlays.
+        data["env"] = {k: v for k, v in data["env"].items() if v is not None}
     loaded_origins = dict(origins)
     try:
         recipe = Recipe.model_validate(data)

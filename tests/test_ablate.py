@@ -1,0 +1,76 @@
+"""Ablation planning: one variant per changed key, keys bound by env_check kept together, every
+emitted variant a valid recipe that extends BEFORE."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recipeval.explore.ablate import (
+    AblationError,
+    changed_keys,
+    emit,
+    plan,
+    plan_lines,
+    static_judge,
+)
+from recipeval.recipe import load_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+AFTER = REPO / "recipes/amd/deepseek-v4-flash-4node-mi355x.yaml"
+TINY = REPO / "recipes/local/tiny-grpo-cpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def judge():
+    return static_judge()
+
+
+def _before_pr2139(folder: Path) -> Path:
+    """The AMD recipe as miles' launch script had it before PR #2139 (the PR's diff to
+    scripts/amd/run_deepseek_v4.py, commit 3507ce15)."""
+    path = folder / "before.yaml"
+    path.write_text(
+        f"name: dsv4-before-pr2139\nextends: {AFTER}\n"
+        "parallel: {tp: 8}\n"
+        "args: {sglang-mem-fraction-static: 0.7, rollout-max-response-len: 4096}\n"
+        "env: {SGLANG_HACK_FLASHMLA_BACKEND: triton, SGLANG_OPT_USE_COMPRESSOR_V2: null,\n"
+        "      SGLANG_OPT_USE_JIT_NORM: 'false'}\n")
+    return path
+
+
+def test_the_compressor_travels_with_unified_kv(tmp_path, judge):
+    before, after = load_recipe(_before_pr2139(tmp_path)), load_recipe(AFTER)
+    ablation = plan(before, after, judge)
+    groups = {tuple(g.keys): g for g in ablation.groups}
+    kv = groups[("env.SGLANG_HACK_FLASHMLA_BACKEND", "env.SGLANG_OPT_USE_COMPRESSOR_V2")]
+    assert "rocm-unified-kv-needs-compressor-v2" in kv.reasons[0]
+    # The PR's other changes stand alone: each is a variant env_check accepts.
+    assert set(groups) == {kv_keys := ("env.SGLANG_HACK_FLASHMLA_BACKEND", "env.SGLANG_OPT_USE_COMPRESSOR_V2"),
+                           ("parallel.tp",), ("env.SGLANG_OPT_USE_JIT_NORM",),
+                           ("args.rollout-max-response-len",), ("args.sglang-mem-fraction-static",)}
+    assert groups[kv_keys] is kv
+    assert "kept together: alone, env_check fails rule.rocm" in "\n".join(plan_lines(ablation))
+    paths = emit(ablation, tmp_path / "variants")
+    assert len(paths) == len(ablation.groups) + 2  # none, each group, all
+    for path in paths:
+        variant = load_recipe(path).recipe
+        assert variant.sweep is not None and variant.sweep.kind == "ablation"
+        assert not [c for c in judge(variant) if not c.ok and c.severity == "error"
+                    and c.id.startswith(("rule.", "megatron.", "layout."))]
+    everything = load_recipe(paths[-1]).recipe
+    assert changed_keys(everything, after.recipe) == {}
+
+
+def test_grouping_on_request_and_bad_pairs(tmp_path, judge):
+    before = load_recipe(_before_pr2139(tmp_path))
+    ablation = plan(before, load_recipe(AFTER), judge,
+                    together=[["parallel", "args.sglang-mem-fraction-static"]])
+    assert ["args.sglang-mem-fraction-static", "parallel.tp"] in [g.keys for g in ablation.groups]
+    with pytest.raises(AblationError, match="no changed key"):
+        plan(before, load_recipe(AFTER), judge, together=[["cluster"]])
+    with pytest.raises(AblationError, match="same recipe"):
+        plan(before, before, judge)
+    with pytest.raises(AblationError, match="one model"):
+        plan(load_recipe(TINY), load_recipe(AFTER), judge)
