@@ -86,8 +86,9 @@ _UNSET_NOT_HASHED = ("sweep",)
 
 
 def canonical_json(recipe: Recipe) -> str:
-    """The recipe's canonical text: fully resolved, key-sorted, compact JSON."""
-    data = recipe.model_dump(mode="json", exclude={"extends"})
+    """The recipe's canonical text: fully resolved, key-sorted, compact JSON. `source` is
+    provenance, not a setting: naming the upstream commit leaves the identity unchanged."""
+    data = recipe.model_dump(mode="json", exclude={"extends", "source"})
     for key in _UNSET_NOT_HASHED:
         if data.get(key) is None:
             data.pop(key, None)
@@ -148,6 +149,11 @@ def _read_chain(
     merged = deep_merge(merged, data, merged_origins, origins)
     merged_origins.update(origins)
     return merged, merged_origins, files
+
+
+def merged_mapping(file: Path) -> dict[str, Any]:
+    """A recipe file with its `extends` chain merged, not validated (a base may be partial)."""
+    return _read_chain(file.resolve(), ())[0]
 
 
 def _describe(err: dict[str, Any], model_fields: list[str] | None) -> str:

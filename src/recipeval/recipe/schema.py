@@ -171,6 +171,20 @@ class Sweep(Strict):
     keys: list[str] = Field(default_factory=list, description="the keys this variant changes")
 
 
+class Source(Strict):
+    """The upstream launch a recipe describes: `script args` at `commit` of `repo`. Provenance
+    only: render ignores it; `recipeval drift` re-records it."""
+
+    repo: str = "radixark/miles"
+    commit: Annotated[str, Field(pattern=r"^[0-9a-f]{7,40}$")]
+    script: str = Field(description="launch script, relative to the checkout")
+    args: list[str] = Field(default_factory=list, description="the script's arguments")
+    probed: dict[str, str] = Field(
+        default_factory=dict,
+        description="env var or flag -> the node probe miles decides it with (not frozen here)",
+    )
+
+
 class Recipe(Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
     extends: str | list[str] | None = Field(
@@ -190,6 +204,7 @@ class Recipe(Strict):
         default_factory=dict, description="stage -> metric -> expected value (e.g. seconds)"
     )
     sweep: Sweep | None = None
+    source: Source | None = Field(None, description="the upstream launch this recipe describes")
 
     @property
     def world_size(self) -> int:

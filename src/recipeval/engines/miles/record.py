@@ -1,0 +1,215 @@
+"""Record the launch a miles launch script builds, without starting anything.
+
+The script's own typer app runs in a subprocess (record_driver.py) with miles' process-starting
+helpers replaced by a recorder. The recorded `ray job submit` command is shell text; it is
+turned into words by bash itself, in a sandbox where `ray` is a function that writes its
+arguments down and PATH names an empty directory, so no program can start.
+
+Where the checkout lives is not part of a launch: its path is written as MILES_PLACEHOLDER.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MILES_PLACEHOLDER = "{miles}"
+DEFAULT_REPO = "radixark/miles"
+DRIVER = Path(__file__).with_name("record_driver.py")
+# Two answers to every node probe: what differs between the two launches comes from a probe.
+PROBE_ANSWERS = ("0", "1")
+RECORD_TIMEOUT_S = 120
+# Shell state bash exports by itself; not part of the recorded command.
+_SHELL_OWN = {"PATH", "PWD", "OLDPWD", "SHLVL", "_"}
+
+
+class RecordError(Exception):
+    """The launch could not be recorded (bad checkout, script failure, no ray job submit)."""
+
+
+@dataclass
+class Recording:
+    """One recorded miles launch. `argv` is the `ray job submit` command as words; `client_env`
+    what the command exports for the submitting client; `runtime_env` the job's env_vars;
+    `probed` maps an env var or flag to the node probe its value comes from."""
+
+    repo: str
+    commit: str
+    script: str
+    args: list[str]
+    argv: list[str]
+    client_env: dict[str, str]
+    runtime_env: dict[str, str]
+    probed: dict[str, str] = field(default_factory=dict)
+    megatron_model_type: str | None = None
+    train_words: int | None = None
+    commands: list[str] = field(default_factory=list)
+    stand_ins: list[str] = field(default_factory=list)
+
+    @property
+    def entrypoint(self) -> list[str]:
+        return self.argv[self.argv.index("--") + 1:]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Recording:
+        return cls(**data)
+
+    @classmethod
+    def load(cls, path: Path) -> Recording:
+        return cls.from_dict(json.loads(path.read_text()))
+
+
+def git_commit(checkout: Path) -> str:
+    return _git(checkout, "rev-parse", "HEAD")
+
+
+def git_repo(checkout: Path) -> str:
+    """owner/name from the checkout's origin, else miles' public repository."""
+    try:
+        url = _git(checkout, "config", "--get", "remote.origin.url")
+    except RecordError:
+        return DEFAULT_REPO
+    match = re.search(r"github\.com[:/]([^/]+/[^/]+?)(?:\.git)?/?$", url)
+    return match.group(1) if match else url
+
+
+def _git(checkout: Path, *args: str) -> str:
+    proc = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise RecordError(f"{checkout}: git {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def is_checkout(path: Path) -> bool:
+    return (path / "miles" / "utils" / "external_utils").is_dir()
+
+
+def find_checkout(start: Path) -> Path | None:
+    """The miles checkout a path lies in."""
+    return next((d for d in (start, *start.parents) if is_checkout(d)), None)
+
+
+def record_launch(checkout: Path, script: str, args: list[str],
+                  python: str | None = None) -> Recording:
+    """Run `script args` from `checkout` with the recorder and return its launch."""
+    checkout = checkout.resolve()
+    if not is_checkout(checkout):
+        raise RecordError(f"{checkout} is not a miles checkout (no miles/utils/external_utils)")
+    if not (checkout / script).is_file():
+        raise RecordError(f"{checkout / script}: no such launch script in the checkout")
+    result = _run_driver(checkout, script, args, python or sys.executable)
+    runs = result["runs"]
+    launches = [_launch(run, checkout) for run in runs]
+    argv, client_env, runtime_env = launches[0]
+    probe_text = "; ".join(dict.fromkeys(p for run in runs for p in run["probes"]))
+    probed = {k: probe_text for k in _differing_env(launches)}
+    probed |= {f: probe_text for f in _differing_words(launches)}
+    calls = runs[0]["train_calls"]
+    train_words = len(shlex.split(calls[-1]["train_args"])) if calls else None
+    return Recording(
+        repo=git_repo(checkout),
+        commit=git_commit(checkout),
+        script=script,
+        args=list(args),
+        argv=argv,
+        client_env=client_env,
+        runtime_env=runtime_env,
+        probed=probed,
+        megatron_model_type=calls[-1]["megatron_model_type"] if calls else None,
+        train_words=train_words,
+        commands=[_placeholder(str(c["cmd"]), checkout) for c in runs[0]["commands"]
+                  if "ray job submit" not in str(c["cmd"])],
+        stand_ins=result["stand_ins"],
+    )
+
+
+def _run_driver(checkout: Path, script: str, args: list[str], python: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="recipeval-record-") as tmp:
+        request = Path(tmp) / "request.json"
+        out = Path(tmp) / "recorded.json"
+        request.write_text(json.dumps({
+            "miles_dir": str(checkout), "script": script, "args": args,
+            "probe_answers": list(PROBE_ANSWERS), "out": str(out),
+        }))
+        # A bare environment: nothing of this shell (MASTER_ADDR, NCCL_*, a W&B key, miles'
+        # MILES_SCRIPT_* options) may change or leak into the recorded launch.
+        env = {"PATH": os.defpath, "HOME": tmp, "LANG": "C.UTF-8"}
+        try:
+            proc = subprocess.run([python, "-I", str(DRIVER), str(request)], env=env, cwd=tmp,
+                                  capture_output=True, text=True, timeout=RECORD_TIMEOUT_S,
+                                  check=False)
+        except subprocess.TimeoutExpired as err:
+            raise RecordError(f"{script} did not finish within {RECORD_TIMEOUT_S} s") from err
+        if proc.returncode != 0 or not out.is_file():
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+            raise RecordError(f"{script} {shlex.join(args)} failed while building its launch:\n{tail}")
+        return json.loads(out.read_text())
+
+
+def _launch(run: dict[str, Any], checkout: Path) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    submits = [c["cmd"] for c in run["commands"] if "ray job submit" in c["cmd"]]
+    if len(submits) != 1:
+        raise RecordError(f"expected one `ray job submit` from the script, recorded {len(submits)}")
+    words, exported = _shell_words(submits[0])
+    words = [_placeholder(w, checkout) for w in words]
+    env_json = next((w.split("=", 1)[1] for w in words if w.startswith("--runtime-env-json=")), None)
+    if env_json is None:
+        raise RecordError("the recorded `ray job submit` has no --runtime-env-json")
+    runtime_env = {k: str(v) for k, v in json.loads(env_json).get("env_vars", {}).items()}
+    return ["ray", *words], {k: _placeholder(v, checkout) for k, v in exported.items()}, runtime_env
+
+
+def _shell_words(command: str) -> tuple[list[str], dict[str, str]]:
+    """The words bash passes to `ray` for `command`, and the variables it exported."""
+    bash = shutil.which("bash")
+    if bash is None:
+        raise RecordError("bash is needed to read the recorded launch command; none on PATH")
+    with tempfile.TemporaryDirectory(prefix="recipeval-sh-") as tmp:
+        argv_file, env_file, empty = Path(tmp, "argv"), Path(tmp, "env"), Path(tmp, "bin")
+        empty.mkdir()
+        prelude = (
+            f"__argv={shlex.quote(str(argv_file))}; __env={shlex.quote(str(env_file))}\n"
+            'ray() { printf "%s\\0" "$@" > "$__argv"; '
+            'for n in $(compgen -e); do printf "%s=%s\\0" "$n" "${!n}"; done > "$__env"; }\n'
+        )
+        proc = subprocess.run([bash, "--noprofile", "--norc", "-c", prelude + command],
+                              env={"PATH": str(empty)}, cwd=tmp, capture_output=True, text=True,
+                              timeout=30, check=False)
+        if not argv_file.is_file():
+            raise RecordError(f"bash did not reach `ray job submit`: {proc.stderr.strip()}")
+        words = argv_file.read_text().split("\0")[:-1]
+        exported = dict(e.split("=", 1) for e in env_file.read_text().split("\0")[:-1])
+    return words, {k: v for k, v in exported.items() if k not in _SHELL_OWN}
+
+
+def _placeholder(text: str, checkout: Path) -> str:
+    for path in {str(checkout), os.path.realpath(checkout)}:
+        text = text.replace(path, MILES_PLACEHOLDER)
+    return text
+
+
+def _differing_env(launches: list[tuple[list[str], dict[str, str], dict[str, str]]]) -> list[str]:
+    envs = [launch[2] for launch in launches]
+    keys = dict.fromkeys(k for env in envs for k in env)
+    return [k for k in keys if len({env.get(k) for env in envs}) > 1]
+
+
+def _differing_words(launches: list[tuple[list[str], dict[str, str], dict[str, str]]]) -> list[str]:
+    from recipeval.engines.miles.flags import parse_flags
+
+    parsed = [parse_flags(launch[0][launch[0].index("--") + 1:]) for launch in launches]
+    keys = dict.fromkeys(k for p in parsed for k in p)
+    return [f"--{k}" for k in keys if len({json.dumps(p.get(k)) for p in parsed}) > 1]
