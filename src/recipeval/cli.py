@@ -330,6 +330,88 @@ def nightly(
     raise typer.Exit(run_nightly(profile or [], cores, verdict, list(ctx.args)))
 
 
+
+import_app = typer.Typer(help="Write a recipe from an upstream launch script.", no_args_is_help=True)
+app.add_typer(import_app, name="import")
+
+
+@import_app.command("miles")
+def import_miles(
+    script: Annotated[str, typer.Argument(help="launch script, e.g. scripts/run_deepseek_v4.py", show_default=False)],
+    script_args: Annotated[list[str] | None, typer.Argument(help="after --: the script's own arguments", show_default=False)] = None,
+    miles: Annotated[Path | None, typer.Option("--miles", help="miles checkout [default: MILES_DIR, or the one SCRIPT is in]")] = None,
+    extends: Annotated[Path | None, typer.Option("--extends", help="write only what differs from this recipe")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="recipe name [default: from --out or the script]")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="recipe file to write [default: stdout]")] = None,
+    platform: Annotated[str | None, typer.Option(help="rocm or cuda [default: rocm for a script under amd/]")] = None,
+    gpu: Annotated[str | None, typer.Option(help="cluster.gpu [default: the script's --hardware]")] = None,
+) -> None:
+    """Run a miles launch script's own command building (nothing starts) and write the recipe
+    that renders the same launch: `recipeval import miles SCRIPT --out R.yaml -- train ...`."""
+    import os
+
+    from recipeval.engines.miles.importer import ImportProblem, ImportRequest, import_recipe
+    from recipeval.engines.miles.record import RecordError, find_checkout
+    from recipeval.recipe import RecipeErrors
+
+    checkout = miles or (Path(os.environ["MILES_DIR"]) if os.environ.get("MILES_DIR") else None)
+    checkout = checkout or find_checkout(Path(script).resolve().parent)
+    if checkout is None:
+        _die(f"{script}: no miles checkout: pass --miles DIR or set MILES_DIR")
+    request = ImportRequest(checkout, script, list(script_args or []), name, platform, gpu, extends, out)
+    try:
+        result = import_recipe(request)
+    except (RecordError, ImportProblem, RecipeError, RecipeErrors) as err:
+        _die(str(err))
+    if out is None:
+        print(result.text, end="")
+    else:
+        print(f"wrote {out} ({result.recording.repo}@{result.recording.commit[:12]})", file=sys.stderr)
+    for difference in result.differences:
+        print(f"recipeval: warning: the recipe does not render the recorded launch: {difference.line()}",
+              file=sys.stderr)
+
+
+@app.command()
+def drift(
+    recipe: RecipeArg,
+    miles: Annotated[Path | None, typer.Option("--miles", help="miles checkout [default: MILES_DIR, else paths.miles]")] = None,
+    against: Annotated[Path | None, typer.Option("--against", help="compare with this recorded launch (JSON) instead of re-recording")] = None,
+    fmt: Annotated[RenderFormat, typer.Option("--format", help="text (shell) or JSON")] = RenderFormat.shell,
+) -> None:
+    """Re-record the recipe's `source` launch from a miles checkout and list each flag and env
+    var the recipe's render lacks, adds or changes: exit 0 none, 1 drift, 2 bad input."""
+    import os
+
+    from recipeval.engines.miles.drift import compare, configured_checkout
+    from recipeval.engines.miles.drift import drift as run_drift
+    from recipeval.engines.miles.record import RecordError, Recording
+    from recipeval.recipe import resolve
+
+    loaded = load_or_exit(recipe)
+    resolved = resolve(loaded.recipe, None, None)
+    if resolved.recipe.engine != "miles":
+        _die(f"{recipe}: engine is {resolved.recipe.engine}; drift compares miles recipes only")
+    try:
+        if against is not None:
+            report = compare(resolved, Recording.load(against))
+        else:
+            checkout = configured_checkout(resolved, os.environ, miles)
+            if checkout is None:
+                _die(f"{recipe}: no miles checkout here: pass --miles DIR or set MILES_DIR "
+                     f"(paths.miles is {resolved.recipe.paths.miles!r})")
+            report = run_drift(resolved, checkout)
+    except (RecordError, OSError, ValueError, TypeError) as err:
+        _die(f"{recipe}: {err}")
+    except SettingError as err:
+        _die(str(loaded.error(err.key, err.message)))
+    if fmt is RenderFormat.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print("\n".join(report.lines()))
+    raise typer.Exit(EXIT_FAIL if report.drifted else EXIT_OK)
+
+
 def main() -> None:
     try:
         app()

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from recipeval.checks import context, layout, memory, rules
+from recipeval.checks.drift import drift_check
 from recipeval.checks.sglang_flags import FlagChecker, FlagReport, flag_checks, sglang_words
 from recipeval.checks.subject import Subject
 from recipeval.recipe import STAGES, LoadedRecipe, RecipeErrors, load_recipe
@@ -100,6 +101,8 @@ def static_checks(
             )
         if flags:
             checks += flag_checks(subject, flags, validators.sglang, f"{index}:")
+        if (upstream := drift_check(subject.resolved)) is not None:
+            checks.append(upstream)
     try:
         checks += rules.rule_checks(subject)
     except rules.RuleFileError as err:
