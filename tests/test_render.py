@@ -1,5 +1,5 @@
-"""`recipeval render`: the exact miles launch, pinned by a golden file, and no shell ever
-interpreting a recipe value."""
+"""`recipeval render`: the exact miles launch, pinned by upstream's recorded launch
+(tests/golden/miles/), and no shell ever interpreting a recipe value."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 from conftest import PR_RECIPE, REPO, clean_env
+from miles_goldens import GOLDENS, RENDER_ENV, allowed, differences_from_golden, label
 
-GOLDEN = REPO / "tests" / "golden" / "deepseek-v4-flash-4node-mi355x.render.json"
+from recipeval.engines.miles.record import Recording
+
+GOLDEN = GOLDENS / "deepseek-v4-flash-4node-mi355x.json"
 HOSTILE = ["; rm -rf / #", "$(reboot)", "`id`", "a'b\"c", "x\ny", "*", "$HOME"]
 
 
@@ -74,11 +77,16 @@ def test_pr_recipe_renders_the_launch_of_pr_2139(cli):
     assert json.loads(runtime_json.split("=", 1)[1]) == launch["runtime_env"]
 
 
-def test_pr_recipe_matches_golden(cli):
-    launch = _render(cli, PR_RECIPE)
-    if os.environ.get("RECIPEVAL_UPDATE_GOLDEN"):
-        GOLDEN.write_text(json.dumps(launch, indent=2) + "\n")
-    assert launch == json.loads(GOLDEN.read_text())
+def test_pr_recipe_matches_the_upstream_launch(cli):
+    """The golden is miles' own launch at the recipe's source commit, recorded by
+    scripts/record_miles_goldens.py; only allowed.yaml's differences remain."""
+    launch = _render(cli, PR_RECIPE, env=clean_env(**RENDER_ENV))
+    golden = Recording.load(GOLDEN)
+    assert golden.commit == "31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
+    found = {label(d) for d in differences_from_golden(launch, golden)}
+    assert found == set(allowed("deepseek-v4-flash-4node-mi355x")) == {"env NCCL_NVLS_ENABLE"}
+    sep = golden.argv.index("--")
+    assert launch["argv"][:sep - 1] == golden.argv[:sep - 1]  # ray job submit --address=...
 
 
 def test_checkout_paths_come_from_the_environment(cli):

@@ -102,9 +102,10 @@ def find_checkout(start: Path) -> Path | None:
     return next((d for d in (start, *start.parents) if is_checkout(d)), None)
 
 
-def record_launch(checkout: Path, script: str, args: list[str],
-                  python: str | None = None) -> Recording:
-    """Run `script args` from `checkout` with the recorder and return its launch."""
+def record_launch(checkout: Path, script: str, args: list[str], python: str | None = None,
+                  commit: str | None = None) -> Recording:
+    """Run `script args` from `checkout` with the recorder and return its launch. `commit`:
+    the commit an exported tree (no .git) was taken from."""
     checkout = checkout.resolve()
     if not is_checkout(checkout):
         raise RecordError(f"{checkout} is not a miles checkout (no miles/utils/external_utils)")
@@ -120,8 +121,8 @@ def record_launch(checkout: Path, script: str, args: list[str],
     calls = runs[0]["train_calls"]
     train_words = len(shlex.split(calls[-1]["train_args"])) if calls else None
     return Recording(
-        repo=git_repo(checkout),
-        commit=git_commit(checkout),
+        repo=DEFAULT_REPO if commit else git_repo(checkout),
+        commit=commit or git_commit(checkout),
         script=script,
         args=list(args),
         argv=argv,
