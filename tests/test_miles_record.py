@@ -1,0 +1,147 @@
+"""The recorder on a small stand-in for a miles checkout (written here, not miles' code), so CI
+without miles still runs it: the script's own command building runs, nothing starts, a node
+probe's value is recorded as probed, a missing package is stood in for."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recipeval.engines.miles.record import MILES_PLACEHOLDER, RecordError, record_launch
+
+COMMAND_UTILS = '''
+import json, os, shlex, subprocess
+import package_nobody_installed  # imported for its presence only
+from package_nobody_installed.sub import Thing
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+def exec_command_cpu(cmd, capture_output=False):
+    return subprocess.run(["bash", "-c", cmd], check=True, capture_output=capture_output).stdout
+
+exec_command_gpu = exec_command_cpu
+
+def execute_train(train_args, megatron_model_type, extra_env_vars):
+    exec_command_cpu("touch {marker}")
+    links = int(exec_command_gpu("count-links", capture_output=True))
+    env = {{"PYTHONUNBUFFERED": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "no_proxy": "127.0.0.1,127.0.0.1",
+           "MASTER_ADDR": "127.0.0.1", "FAST_LINKS": str(int(links > 0)), **extra_env_vars,
+           "PYTHONPATH": ROOT + ":/opt/megatron"}}
+    exec_command_cpu(
+        "export no_proxy=127.0.0.1 && ray job submit "
+        f"--runtime-env-json={{shlex.quote(json.dumps({{'env_vars': env}}))}} -- python3 {{ROOT}}/train.py "
+        f"--num-layers 2 --hidden-size 64 --num-attention-heads 4 {{train_args}}"
+    )
+'''
+
+SCRIPT = '''
+import subprocess
+import typer
+import miles.utils.external_utils.command_utils as U
+
+app = typer.Typer()
+
+@app.command()
+def train(nodes: int = 1, lr: str = "1e-6"):
+    subprocess.run(["touch", "{marker}"])
+    U.execute_train(
+        f"--actor-num-nodes {{nodes}} --actor-num-gpus-per-node 8 --num-gpus-per-node 8 "
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --context-parallel-size 1 "
+        "--expert-model-parallel-size 1 --expert-tensor-parallel-size 1 "
+        f"--lr {{lr}} --colocate --prompt-data '/data/a b.jsonl'",
+        "tiny", {{"MY_SWITCH": "on"}},
+    )
+
+@app.command()
+def other():
+    pass
+'''
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> tuple[Path, Path]:
+    root, marker = tmp_path / "miles", tmp_path / "started"
+    utils = root / "miles" / "utils" / "external_utils"
+    utils.mkdir(parents=True)
+    for package in (root / "miles", root / "miles" / "utils", utils):
+        (package / "__init__.py").write_text("")
+    (utils / "command_utils.py").write_text(COMMAND_UTILS.format(marker=marker))
+    (root / "scripts").mkdir()
+    (root / "scripts" / "run_tiny.py").write_text(SCRIPT.format(marker=marker))
+    return root, marker
+
+
+def test_the_script_builds_its_launch_and_nothing_starts(checkout):
+    root, marker = checkout
+    rec = record_launch(root, "scripts/run_tiny.py", ["train", "--nodes", "2"], commit="abc1234")
+    assert not marker.exists()
+    assert rec.entrypoint == [
+        "python3", f"{MILES_PLACEHOLDER}/train.py", "--num-layers", "2", "--hidden-size", "64",
+        "--num-attention-heads", "4", "--actor-num-nodes", "2", "--actor-num-gpus-per-node", "8",
+        "--num-gpus-per-node", "8", "--tensor-model-parallel-size", "2",
+        "--pipeline-model-parallel-size", "1", "--context-parallel-size", "1",
+        "--expert-model-parallel-size", "1", "--expert-tensor-parallel-size", "1", "--lr", "1e-6",
+        "--colocate", "--prompt-data", "/data/a b.jsonl",
+    ]
+    assert rec.runtime_env == {
+        "PYTHONUNBUFFERED": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "no_proxy": "127.0.0.1,127.0.0.1",
+        "MASTER_ADDR": "127.0.0.1", "FAST_LINKS": "0", "MY_SWITCH": "on",
+        "PYTHONPATH": f"{MILES_PLACEHOLDER}:/opt/megatron"}
+    assert rec.probed == {"FAST_LINKS": f"touch {marker}; count-links"}
+    assert rec.client_env == {"no_proxy": "127.0.0.1"}
+    assert rec.commands == [f"touch {marker}"]
+    assert rec.stand_ins == ["package_nobody_installed"]
+    assert (rec.megatron_model_type, rec.commit) == ("tiny", "abc1234")
+
+
+def test_a_failing_script_is_a_clear_error(checkout):
+    root, _ = checkout
+    with pytest.raises(RecordError, match="no such launch script"):
+        record_launch(root, "scripts/missing.py", [], commit="abc1234")
+    with pytest.raises(RecordError, match="expected one `ray job submit`"):
+        record_launch(root, "scripts/run_tiny.py", ["other"], commit="abc1234")
+    with pytest.raises(RecordError, match="No such option"):
+        record_launch(root, "scripts/run_tiny.py", ["train", "--bogus"], commit="abc1234")
+
+
+def test_import_cli_writes_a_recipe_that_renders_the_launch(cli, checkout, tmp_path):
+    root, marker = checkout
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "tiny"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    out = tmp_path / "tiny.yaml"
+    base = tmp_path / "base.yaml"
+    base.write_text("model: {name: tiny, layers: 2, hidden_size: 64, attention_heads: 4, "
+                    "max_position_embeddings: 128}\nargs: {lr: 1e-6, seed: 3}\n")
+    proc = cli("import", "miles", str(root / "scripts" / "run_tiny.py"), "--extends", str(base),
+               "--out", str(out), "--", "train", "--nodes", "2", "--lr", "3e-6")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stderr, proc.stderr
+    assert not marker.exists()
+    recipe = yaml.safe_load(out.read_text())
+    assert recipe["extends"] == "base.yaml"
+    assert recipe["args"] == {"lr": "3e-6", "colocate": True, "prompt-data": "/data/a b.jsonl",
+                              "seed": None}
+    assert recipe["cluster"] == {"nodes": 2, "gpus_per_node": 8}
+    assert recipe["parallel"]["tp"] == 2
+    assert recipe["model"] == {"megatron_model_type": "tiny"}  # the rest is the base's
+    assert recipe["env"] == {"MY_SWITCH": "on"}
+    assert recipe["source"] == {"repo": "radixark/miles", "commit": commit,
+                                "script": "scripts/run_tiny.py",
+                                "args": ["train", "--nodes", "2", "--lr", "3e-6"],
+                                "probed": {"FAST_LINKS": f"touch {marker}; count-links"}}
+    drift = cli("drift", str(out), "--miles", str(root))
+    assert drift.returncode == 0, drift.stdout + drift.stderr
+
+
+def test_import_without_a_checkout_is_bad_input(cli, tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text("")
+    proc = cli("import", "miles", str(script), "--", "train")
+    assert proc.returncode == 2 and "--miles" in proc.stderr and "Traceback" not in proc.stderr
