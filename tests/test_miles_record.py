@@ -145,3 +145,33 @@ def test_import_without_a_checkout_is_bad_input(cli, tmp_path):
     script.write_text("")
     proc = cli("import", "miles", str(script), "--", "train")
     assert proc.returncode == 2 and "--miles" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_env_check_warns_on_drift_when_a_checkout_is_configured(cli, checkout, tmp_path):
+    from recipeval.checks.drift import drift_check
+    from recipeval.recipe import load_recipe, resolve
+
+    root, _ = checkout
+    subprocess.run(["git", "-C", str(root), "init", "-q"], check=True)
+    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t",
+                    "commit", "-qm", "tiny", "--allow-empty"], check=True)
+    out = tmp_path / "tiny.yaml"
+    unsized = cli("import", "miles", "scripts/run_tiny.py", "--miles", str(root), "--", "train")
+    assert unsized.returncode == 2 and "--extends BASE with model.max_position_embeddings" in (
+        unsized.stderr)
+    base = tmp_path / "base.yaml"
+    base.write_text("model: {name: tiny, layers: 2, hidden_size: 64, attention_heads: 4, "
+                    "max_position_embeddings: 128}\n")
+    proc = cli("import", "miles", "scripts/run_tiny.py", "--miles", str(root), "--name", "tiny",
+               "--extends", str(base), "--out", str(out), "--", "train")
+    assert proc.returncode == 0, proc.stderr
+    changed = tmp_path / "changed.yaml"
+    changed.write_text("extends: tiny.yaml\nname: changed\nargs: {lr: 2e-6}\n")
+    resolved = resolve(load_recipe(changed).recipe, None, None)
+    check = drift_check(resolved, {"MILES_DIR": str(root)})
+    assert check is not None and (check.ok, check.severity) == (False, "warning")
+    assert [d["name"] for d in check.value] == ["lr"]
+    assert "flag --lr: upstream '1e-6', ours '2e-6'" in check.message
+    same = drift_check(resolve(load_recipe(out).recipe, None, None), {"MILES_DIR": str(root)})
+    assert same is not None and same.ok
+    assert drift_check(resolved, {}) is None  # paths.miles is unset here: no checkout, no check

@@ -248,6 +248,10 @@ def import_recipe(request: ImportRequest) -> ImportResult:
     name = request.name or (request.out.stem if request.out else _default_name(rec))
     platform = request.platform or ("rocm" if "amd" in Path(script).parts else "cuda")
     recipe = recipe_from_recording(rec, name, platform, request.gpu or _hardware(rec.args))
+    if request.extends is None and "max_position_embeddings" not in recipe["model"]:
+        raise ImportProblem(
+            f"{script}: the launch does not say how many positions the model takes (miles reads "
+            "it from the checkpoint); pass --extends BASE with model.max_position_embeddings")
     extends = None
     if request.extends is not None:
         recipe = diff_against_base(recipe, merged_mapping(request.extends))
