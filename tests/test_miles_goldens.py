@@ -124,7 +124,7 @@ def test_drift_reports_exactly_the_changed_flag(cli, tmp_path):
     recipe = _changed(tmp_path, "args: {eps-clip-high: 0.3}\n")
     proc = cli("drift", str(recipe), "--against", str(golden), "--format", "json")
     assert proc.returncode == 1, proc.stderr
-    report = json.loads(proc.stdout)
+    [report] = json.loads(proc.stdout)
     assert report["drifted"] is True
     assert report["upstream_commit"] == report["source_commit"] == (
         "31f1ca961a94cb860cec3b2dea34ec332bfa8f76")
@@ -140,7 +140,7 @@ def test_drift_names_added_and_removed_entries(cli, tmp_path):
     recipe = _changed(tmp_path, "args: {colocate: null}\nenv: {EXTRA_SWITCH: '1'}\n")
     proc = cli("drift", str(recipe), "--against", str(golden), "--format", "json")
     assert proc.returncode == 1, proc.stderr
-    changes = {(d["kind"], d["name"], d["change"]) for d in json.loads(proc.stdout)["differences"]}
+    changes = {(d["kind"], d["name"], d["change"]) for d in json.loads(proc.stdout)[0]["differences"]}
     assert changes == {("flag", "colocate", "removed"), ("env", "EXTRA_SWITCH", "added")}
 
 
@@ -149,6 +149,16 @@ def test_no_drift_exits_zero_and_probed_values_are_not_drift(cli):
     proc = cli("drift", str(recipe), "--against", str(GOLDENS / "deepseek-v4-flash-8node-h200.json"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no drift" in proc.stdout
+
+
+def test_drift_of_several_recipes_is_one_report_each(cli, tmp_path):
+    changed = _changed(tmp_path, "args: {eps-clip-high: 0.3}\n")
+    recipe = RECIPES / "nvidia" / "deepseek-v4-flash-8node-h200.yaml"
+    both = cli("drift", str(recipe), str(changed), "--against", str(tmp_path))
+    assert both.returncode == 2 and "single recipe" in both.stderr
+    bad = cli("drift", str(recipe), str(RECIPES / "local" / "tiny-grpo-cpu.yaml"), "--format", "json")
+    assert bad.returncode == 2
+    assert "no miles checkout" in bad.stderr and "miles recipes only" in bad.stderr
 
 
 def test_drift_bad_input_exits_two(cli, tmp_path):

@@ -374,43 +374,37 @@ def import_miles(
 
 @app.command()
 def drift(
-    recipe: RecipeArg,
+    recipes: Annotated[list[Path], typer.Argument(help="miles recipe files", show_default=False)],
     miles: Annotated[Path | None, typer.Option("--miles", help="miles checkout [default: MILES_DIR, else paths.miles]")] = None,
-    against: Annotated[Path | None, typer.Option("--against", help="compare with this recorded launch (JSON) instead of re-recording")] = None,
-    fmt: Annotated[RenderFormat, typer.Option("--format", help="text (shell) or JSON")] = RenderFormat.shell,
+    against: Annotated[Path | None, typer.Option("--against", help="one recipe: compare with this recorded launch (JSON) instead of re-recording")] = None,
+    fmt: Annotated[RenderFormat, typer.Option("--format", help="text (shell) or JSON (a list, one report per recipe)")] = RenderFormat.shell,
 ) -> None:
-    """Re-record the recipe's `source` launch from a miles checkout and list each flag and env
-    var the recipe's render lacks, adds or changes: exit 0 none, 1 drift, 2 bad input."""
+    """Re-record each recipe's `source` launch from a miles checkout and list each flag and env
+    var its render lacks, adds or changes: exit 0 none, 1 drift, 2 bad input."""
     import os
 
-    from recipeval.engines.miles.drift import compare, configured_checkout
-    from recipeval.engines.miles.drift import drift as run_drift
-    from recipeval.engines.miles.record import RecordError, Recording
-    from recipeval.recipe import resolve
+    from recipeval.engines.miles.drift import DriftInputError, drift_for_recipe
+    from recipeval.recipe import RecipeErrors, load_recipe
 
-    loaded = load_or_exit(recipe)
-    resolved = resolve(loaded.recipe, None, None)
-    if resolved.recipe.engine != "miles":
-        _die(f"{recipe}: engine is {resolved.recipe.engine}; drift compares miles recipes only")
-    try:
-        if against is not None:
-            report = compare(resolved, Recording.load(against))
-        else:
-            checkout = configured_checkout(resolved, os.environ, miles)
-            if checkout is None:
-                _die(f"{recipe}: no miles checkout here: pass --miles DIR or set MILES_DIR "
-                     f"(paths.miles is {resolved.recipe.paths.miles!r})")
-            report = run_drift(resolved, checkout)
-    except (RecordError, OSError, ValueError, TypeError) as err:
-        _die(f"{recipe}: {err}")
-    except SettingError as err:
-        _die(str(loaded.error(err.key, err.message)))
+    if against is not None and len(recipes) != 1:
+        _die("--against compares one recipe with one recorded launch; name a single recipe")
+    reports, bad = [], 0
+    for path in recipes:
+        try:
+            reports.append(drift_for_recipe(load_recipe(path), os.environ, miles, against))
+        except RecipeErrors as errs:
+            bad += 1
+            print("\n".join(f"recipeval: {e}" for e in errs.errors), file=sys.stderr)
+        except DriftInputError as err:
+            bad += 1
+            print(f"recipeval: {path}: {err}", file=sys.stderr)
     if fmt is RenderFormat.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps([r.to_dict() for r in reports], indent=2))
     else:
-        print("\n".join(report.lines()))
-    raise typer.Exit(EXIT_FAIL if report.drifted else EXIT_OK)
-
+        print("\n".join(line for r in reports for line in r.lines()))
+    if bad:
+        raise typer.Exit(EXIT_BAD_INPUT)
+    raise typer.Exit(EXIT_FAIL if any(r.drifted for r in reports) else EXIT_OK)
 
 def main() -> None:
     try:

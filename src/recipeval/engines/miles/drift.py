@@ -17,6 +17,8 @@ from recipeval.engines.miles.record import (
     record_launch,
 )
 from recipeval.engines.miles.render import render
+from recipeval.errors import SettingError
+from recipeval.recipe import LoadedRecipe, resolve
 from recipeval.recipe.resolve import Resolved
 
 
@@ -101,3 +103,29 @@ def drift(resolved: Resolved, checkout: Path) -> DriftReport:
         raise RecordError(f"recipe {resolved.recipe.name} has no `source:` block naming the "
                           "miles launch it describes; add one (recipeval import miles writes it)")
     return compare(resolved, record_launch(checkout, source.script, list(source.args)))
+
+
+class DriftInputError(Exception):
+    """A recipe drift cannot judge: not a miles recipe, no source, no checkout, a launch that
+    cannot be recorded or read, a setting render refuses."""
+
+
+def drift_for_recipe(loaded: LoadedRecipe, environ: Mapping[str, str], miles: Path | None = None,
+                     against: Path | None = None) -> DriftReport:
+    """Drift of one loaded recipe: against a recorded launch file, else re-recorded from the
+    checkout (`miles`, else MILES_DIR, else paths.miles)."""
+    resolved = resolve(loaded.recipe, None, None)
+    if resolved.recipe.engine != "miles":
+        raise DriftInputError(f"engine is {resolved.recipe.engine}; drift compares miles recipes only")
+    try:
+        if against is not None:
+            return compare(resolved, Recording.load(against))
+        checkout = configured_checkout(resolved, environ, miles)
+        if checkout is None:
+            raise DriftInputError(f"no miles checkout here: pass --miles DIR or set MILES_DIR "
+                                  f"(paths.miles is {resolved.recipe.paths.miles!r})")
+        return drift(resolved, checkout)
+    except (RecordError, OSError, ValueError, TypeError, KeyError) as err:
+        raise DriftInputError(str(err)) from err
+    except SettingError as err:
+        raise DriftInputError(str(loaded.error(err.key, err.message))) from err
