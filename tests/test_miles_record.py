@@ -5,12 +5,14 @@ probe's value is recorded as probed, a missing package is stood in for."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO, clean_env
 
-from recipeval.engines.miles.record import MILES_PLACEHOLDER, RecordError, record_launch
+from recipeval.engines.miles.record import MILES_PLACEHOLDER, RecordError, Recording, record_launch
 
 COMMAND_UTILS = '''
 import json, os, shlex, subprocess
@@ -175,3 +177,41 @@ def test_env_check_warns_on_drift_when_a_checkout_is_configured(cli, checkout, t
     same = drift_check(resolve(load_recipe(out).recipe, None, None), {"MILES_DIR": str(root)})
     assert same is not None and same.ok
     assert drift_check(resolved, {}) is None  # paths.miles is unset here: no checkout, no check
+
+
+def test_the_golden_script_records_each_recipe_at_its_source_commit(checkout, tmp_path):
+    """scripts/record_miles_goldens.py: a recipe at an older commit is recorded from that
+    commit's tree, the checkout itself untouched."""
+    root, _ = checkout
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "old"], check=True)
+    old = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    script = root / "scripts" / "run_tiny.py"
+    script.write_text(script.read_text().replace('"MY_SWITCH": "on"', '"MY_SWITCH": "off"'))
+    subprocess.run([*git, "commit", "-qam", "new"], check=True)
+    recipes, out = tmp_path / "recipes", tmp_path / "goldens"
+    recipes.mkdir()
+    for name, commit in (("at-old", old[:12]), ("at-head", "HEAD")):
+        head = subprocess.run([*git, "rev-parse", commit], check=True, capture_output=True,
+                              text=True).stdout.strip()
+        (recipes / f"{name}.yaml").write_text(
+            f"name: {name}\nengine: miles\nplatform: cuda\n"
+            "model: {name: tiny, layers: 2, hidden_size: 64, attention_heads: 4, "
+            "max_position_embeddings: 128}\n"
+            f"source: {{commit: '{commit if commit != 'HEAD' else head}', "
+            "script: scripts/run_tiny.py, args: [train]}\n")
+    (recipes / "partial.yaml").write_text("args: {lr: 1}\n")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "record_miles_goldens.py"), "--miles", str(root),
+         "--recipes", str(recipes), "--out", str(out)],
+        capture_output=True, text=True, check=False, env=clean_env())
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["at-head.json", "at-old.json"]
+    at_old, at_head = (Recording.load(out / f"at-{n}.json") for n in ("old", "head"))
+    assert (at_old.commit, at_old.runtime_env["MY_SWITCH"]) == (old, "on")
+    assert at_head.runtime_env["MY_SWITCH"] == "off" and at_head.commit != old
+    assert subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True,
+                          check=True).stdout == ""

@@ -149,7 +149,8 @@ def _run_driver(checkout: Path, script: str, args: list[str], python: str) -> di
         # MILES_SCRIPT_* options) may change or leak into the recorded launch.
         env = {"PATH": os.defpath, "HOME": tmp, "LANG": "C.UTF-8"}
         try:
-            proc = subprocess.run([python, "-I", str(DRIVER), str(request)], env=env, cwd=tmp,
+            # -B: no __pycache__ written into the checkout
+            proc = subprocess.run([python, "-I", "-B", str(DRIVER), str(request)], env=env, cwd=tmp,
                                   capture_output=True, text=True, timeout=RECORD_TIMEOUT_S,
                                   check=False)
         except subprocess.TimeoutExpired as err:
