@@ -152,11 +152,15 @@ def _no_network(*args: object, **kwargs: object) -> None:
     raise OSError("network access is disabled while recording a miles launch")
 
 
+def _no_process(*args: object, **kwargs: object) -> None:
+    raise OSError(f"starting a process is disabled while recording a miles launch: {args}")
+
+
 class SealedPopen(subprocess.Popen):
     """Stays a class (libraries subclass Popen at import time); starting one raises."""
 
     def __init__(self, args: object, *rest: object, **kwargs: object) -> None:
-        raise OSError(f"starting a process is disabled while recording a miles launch: {args}")
+        _no_process(args)
 
 
 def _seal(recorder: Recorder) -> None:
@@ -165,7 +169,11 @@ def _seal(recorder: Recorder) -> None:
     subprocess.call = subprocess.check_call = lambda *a, **k: recorder.process(*a, **k).returncode  # type: ignore[assignment]
     subprocess.Popen = SealedPopen  # type: ignore[misc]
     os.system = lambda cmd: recorder.process(cmd).returncode  # type: ignore[assignment]
-    os.popen = lambda *a, **k: _no_network(a)  # type: ignore[assignment]
+    for name in ("popen", "fork", "forkpty", "execv", "execve", "execvp", "execvpe", "execl",
+                 "execlp", "execle", "execlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
+                 "posix_spawn", "posix_spawnp"):
+        if hasattr(os, name):
+            setattr(os, name, _no_process)
     socket.create_connection = _no_network  # type: ignore[assignment]
     socket.socket.connect = _no_network  # type: ignore[assignment,method-assign]
     socket.socket.connect_ex = _no_network  # type: ignore[assignment,method-assign]
