@@ -60,7 +60,9 @@ def recipe_from_recording(rec: Recording, name: str, platform: str,
         "platform": platform,
         "cluster": {**cluster, **({"gpu": gpu} if gpu else {})},
         "model": {
-            "name": Path(hf).name if isinstance(hf, str) else rec.megatron_model_type or name,
+            # the checkpoint's folder names the model (miles writes a missing one as None)
+            "name": Path(hf).name if isinstance(hf, str) and hf != "None"
+            else rec.megatron_model_type or name,
             **({"megatron_model_type": rec.megatron_model_type} if rec.megatron_model_type else {}),
             **model,
             **({"max_position_embeddings": positions} if positions else {}),
@@ -254,7 +256,11 @@ def import_recipe(request: ImportRequest) -> ImportResult:
             "it from the checkpoint); pass --extends BASE with model.max_position_embeddings")
     extends = None
     if request.extends is not None:
-        recipe = diff_against_base(recipe, merged_mapping(request.extends))
+        base = merged_mapping(request.extends)
+        if (base.get("model") or {}).get("name") and recipe["model"]["name"] in (
+                rec.megatron_model_type, name):
+            recipe["model"].pop("name")  # only a fallback: the base's own name stands
+        recipe = diff_against_base(recipe, base)
         extends = relative_extends(request.extends, request.out)
     text = recipe_yaml(recipe, rec, extends)
     folder = (request.out.parent if request.out else Path.cwd()).resolve()
