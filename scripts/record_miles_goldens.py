@@ -12,15 +12,11 @@ edit one to match a render; differences the tests accept live in tests/golden/mi
 from __future__ import annotations
 
 import argparse
-import io
 import os
-import subprocess
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
-from recipeval.engines.miles.record import RecordError, git_commit, record_launch
+from recipeval.engines.miles.record import RecordError, record_at_commit
 from recipeval.recipe import RecipeErrors, load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,15 +35,6 @@ def miles_recipes(folder: Path) -> list[Path]:
     return found
 
 
-def export_tree(checkout: Path, commit: str, into: Path) -> None:
-    archive = subprocess.run(["git", "-C", str(checkout), "archive", "--format=tar", commit],
-                             capture_output=True, check=False)
-    if archive.returncode != 0:
-        raise RecordError(f"{checkout}: git archive {commit} failed: {archive.stderr.decode().strip()}")
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(into, filter="data")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--miles", type=Path, default=os.environ.get("MILES_DIR"),
@@ -57,7 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.miles is None:
         parser.error("name the miles checkout: --miles DIR or MILES_DIR")
-    head = git_commit(args.miles)
     args.out.mkdir(parents=True, exist_ok=True)
     failed = 0
     for path in miles_recipes(args.recipes):
@@ -69,16 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         source = recipe.source
         try:
-            if head.startswith(source.commit):
-                rec = record_launch(args.miles, source.script, list(source.args))
-            else:
-                with tempfile.TemporaryDirectory(prefix="miles-") as tree:
-                    full = subprocess.run(["git", "-C", str(args.miles), "rev-parse", source.commit],
-                                          capture_output=True, text=True, check=False).stdout.strip()
-                    export_tree(args.miles, source.commit, Path(tree))
-                    rec = record_launch(Path(tree), source.script, list(source.args),
-                                        commit=full or source.commit)
-                    rec.repo = source.repo
+            rec = record_at_commit(args.miles, source.commit, source.script, list(source.args),
+                                   source.repo)
         except RecordError as err:
             print(f"{path}: {err}", file=sys.stderr)
             failed += 1

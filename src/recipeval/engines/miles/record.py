@@ -10,6 +10,7 @@ Where the checkout lives is not part of a launch: its path is written as MILES_P
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -135,6 +137,27 @@ def record_launch(checkout: Path, script: str, args: list[str], python: str | No
                   if "ray job submit" not in str(c["cmd"])],
         stand_ins=result["stand_ins"],
     )
+
+
+def record_at_commit(checkout: Path, commit: str, script: str, args: list[str],
+                     repo: str | None = None) -> Recording:
+    """Record from `commit` of the git checkout: the checkout itself when it is there, else that
+    commit's tree exported to a temporary folder (`git archive`; the checkout is not touched)."""
+    full = _git(checkout, "rev-parse", "--verify", f"{commit}^{{commit}}")
+    if full == git_commit(checkout):
+        rec = record_launch(checkout, script, args)
+        rec.repo = repo or rec.repo
+        return rec
+    archive = subprocess.run(["git", "-C", str(checkout), "archive", "--format=tar", full],
+                             capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise RecordError(f"{checkout}: git archive {full} failed: {archive.stderr.decode().strip()}")
+    with tempfile.TemporaryDirectory(prefix="recipeval-miles-") as tree:
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(tree, filter="data")
+        rec = record_launch(Path(tree), script, args, commit=full)
+    rec.repo = repo or git_repo(checkout)
+    return rec
 
 
 def _run_driver(checkout: Path, script: str, args: list[str], python: str) -> dict[str, Any]:
