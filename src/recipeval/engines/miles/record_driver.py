@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import types
+from collections.abc import Sequence
 from pathlib import Path
 
 # Modules a command-building script needs for real; never replaced by a stand-in.
@@ -90,7 +91,8 @@ class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.checkout = str(checkout)
         self.stood_in: set[str] = set()
 
-    def find_spec(self, fullname, path, target=None):
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         top = fullname.split(".")[0]
         if top in NEEDED or top in sys.stdlib_module_names or not self._imported_by_checkout():
             return None
@@ -108,13 +110,13 @@ class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             frame = frame.f_back
         return False
 
-    def create_module(self, spec):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         module = types.ModuleType(spec.name)
         module.__path__ = []
         module.__getattr__ = Absent(spec.name).__getattr__  # type: ignore[attr-defined]
         return module
 
-    def exec_module(self, module) -> None:
+    def exec_module(self, module: types.ModuleType) -> None:
         self.stood_in.add(module.__name__.split(".")[0])
 
 
