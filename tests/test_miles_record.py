@@ -120,7 +120,8 @@ def test_import_cli_writes_a_recipe_that_renders_the_launch(cli, checkout, tmp_p
     out = tmp_path / "tiny.yaml"
     base = tmp_path / "base.yaml"
     base.write_text("model: {name: tiny, layers: 2, hidden_size: 64, attention_heads: 4, "
-                    "max_position_embeddings: 128}\nargs: {lr: 1e-6, seed: 3}\n")
+                    "max_position_embeddings: 128}\nargs: {lr: 1e-6, seed: 3}\n"
+                    "env: {OLD_SWITCH: '1'}\n")
     proc = cli("import", "miles", str(root / "scripts" / "run_tiny.py"), "--extends", str(base),
                "--out", str(out), "--", "train", "--nodes", "2", "--lr", "3e-6")
     assert proc.returncode == 0, proc.stderr
@@ -133,7 +134,7 @@ def test_import_cli_writes_a_recipe_that_renders_the_launch(cli, checkout, tmp_p
     assert recipe["cluster"] == {"nodes": 2, "gpus_per_node": 8}
     assert recipe["parallel"]["tp"] == 2
     assert recipe["model"] == {"megatron_model_type": "tiny"}  # the rest is the base's
-    assert recipe["env"] == {"MY_SWITCH": "on"}
+    assert recipe["env"] == {"MY_SWITCH": "on", "OLD_SWITCH": None}  # null: removed
     assert recipe["source"] == {"repo": "radixark/miles", "commit": commit,
                                 "script": "scripts/run_tiny.py",
                                 "args": ["train", "--nodes", "2", "--lr", "3e-6"],

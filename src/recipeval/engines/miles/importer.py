@@ -149,13 +149,13 @@ def yaml_value(value: FlagValue) -> Any:
 
 def diff_against_base(recipe: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     """Only what `recipe` changes relative to `base` (a resolved recipe as a mapping); an arg
-    the base sets and the launch lacks is written null (removed)."""
+    or env var the base sets and the launch lacks is written null (removed)."""
     out: dict[str, Any] = {"name": recipe["name"]}
     for key, value in recipe.items():
         if key == "name":
             continue
         if key in ("args", "env"):
-            changed = _changed_entries(value, base.get(key) or {}, key)
+            changed = _changed_entries(value, base.get(key) or {})
         elif isinstance(value, dict) and key != "source":
             changed = _changed_section(value, base.get(key) or {})
         else:
@@ -169,23 +169,19 @@ def _changed_section(section: dict[str, Any], base: dict[str, Any]) -> dict[str,
     out = {}
     for key, value in section.items():
         if key == "args":
-            if changed := _changed_entries(value, base.get("args") or {}, "model.args"):
+            if changed := _changed_entries(value, base.get("args") or {}):
                 out["args"] = changed
         elif value != base.get(key):
             out[key] = value
     return out
 
 
-def _changed_entries(ours: dict[str, Any], base: dict[str, Any], where: str) -> dict[str, Any]:
+def _changed_entries(ours: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in ours.items():
         if key not in base or not same_value(_words(base[key]), _words(value)):
             out[key] = value
-    dropped = [k for k in base if k not in ours and base[k] not in (None, False)]
-    if where == "env" and dropped:
-        raise ImportProblem(f"the base sets env {', '.join(dropped)}, which the launch does not "
-                            "have; a recipe cannot remove an inherited env var: extend another base")
-    out |= {k: None for k in dropped}
+    out |= {k: None for k in base if k not in ours and base[k] not in (None, False)}
     return out
 
 
