@@ -339,12 +339,12 @@ app.add_typer(import_app, name="import")
 def import_miles(
     script: Annotated[str, typer.Argument(help="launch script, e.g. scripts/run_deepseek_v4.py", show_default=False)],
     script_args: Annotated[list[str] | None, typer.Argument(help="after --: the script's own arguments", show_default=False)] = None,
-    miles: Annotated[Path | None, typer.Option("--miles", help="miles checkout [default: MILES_DIR, or the one SCRIPT is in]")] = None,
+    miles: Annotated[Path | None, typer.Option("--miles", help="miles checkout (default: MILES_DIR, or the one SCRIPT is in)")] = None,
     extends: Annotated[Path | None, typer.Option("--extends", help="write only what differs from this recipe")] = None,
-    name: Annotated[str | None, typer.Option("--name", help="recipe name [default: from --out or the script]")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="recipe file to write [default: stdout]")] = None,
-    platform: Annotated[str | None, typer.Option(help="rocm or cuda [default: rocm for a script under amd/]")] = None,
-    gpu: Annotated[str | None, typer.Option(help="cluster.gpu [default: the script's --hardware]")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="recipe name (default: from --out or the script)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="recipe file to write (default: stdout)")] = None,
+    platform: Annotated[str | None, typer.Option(help="rocm or cuda (default: rocm for a script under amd/)")] = None,
+    gpu: Annotated[str | None, typer.Option(help="cluster.gpu (default: the script's --hardware)")] = None,
 ) -> None:
     """Run a miles launch script's own command building (nothing starts) and write the recipe
     that renders the same launch: `recipeval import miles SCRIPT --out R.yaml -- train ...`."""
@@ -375,7 +375,7 @@ def import_miles(
 @app.command()
 def drift(
     recipes: Annotated[list[Path], typer.Argument(help="miles recipe files", show_default=False)],
-    miles: Annotated[Path | None, typer.Option("--miles", help="miles checkout [default: MILES_DIR, else paths.miles]")] = None,
+    miles: Annotated[Path | None, typer.Option("--miles", help="miles checkout (default: MILES_DIR, else paths.miles)")] = None,
     against: Annotated[Path | None, typer.Option("--against", help="one recipe: compare with this recorded launch (JSON) instead of re-recording")] = None,
     fmt: Annotated[RenderFormat, typer.Option("--format", help="text (shell) or JSON (a list, one report per recipe)")] = RenderFormat.shell,
 ) -> None:

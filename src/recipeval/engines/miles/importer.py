@@ -245,6 +245,8 @@ def import_recipe(request: ImportRequest) -> ImportResult:
     rec = record_launch(checkout, script, request.args)
     name = request.name or (request.out.stem if request.out else _default_name(rec))
     platform = request.platform or ("rocm" if "amd" in Path(script).parts else "cuda")
+    if platform not in ("rocm", "cuda"):
+        raise ImportProblem(f"--platform {platform!r}: a miles recipe runs on rocm or cuda")
     recipe = recipe_from_recording(rec, name, platform, request.gpu or _hardware(rec.args))
     if request.extends is None and "max_position_embeddings" not in recipe["model"]:
         raise ImportProblem(
