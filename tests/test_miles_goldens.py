@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,6 @@ def test_the_recorder_script_refuses_without_a_checkout(tmp_path):
     env = clean_env()
     env.pop("MILES_DIR", None)
     proc = subprocess.run(
-        ["python", str(RECIPES.parent / "scripts" / "record_miles_goldens.py"),
+        [sys.executable, str(RECIPES.parent / "scripts" / "record_miles_goldens.py"),
          "--out", str(tmp_path)], capture_output=True, text=True, env=env, check=False)
     assert proc.returncode == 2 and "--miles" in proc.stderr
