@@ -18,7 +18,10 @@ from recipeval.explore.ablate import (
 from recipeval.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
-AFTER = REPO / "recipes/amd/deepseek-v4-flash-4node-mi355x.yaml"
+# The seed pair: miles' AMD launch just before PR #2139 and as the PR left it (both imported
+# from miles' launch script at those commits).
+BEFORE = REPO / "recipes/amd/deepseek-v4-flash-4node-mi355x-before-pr2139.yaml"
+AFTER = REPO / "recipes/amd/deepseek-v4-flash-4node-mi355x-pr2139.yaml"
 TINY = REPO / "recipes/local/tiny-grpo-cpu.yaml"
 
 
@@ -27,21 +30,8 @@ def judge():
     return static_judge()
 
 
-def _before_pr2139(folder: Path) -> Path:
-    """The AMD recipe as miles' launch script had it before PR #2139 (the PR's diff to
-    scripts/amd/run_deepseek_v4.py, commit 3507ce15)."""
-    path = folder / "before.yaml"
-    path.write_text(
-        f"name: dsv4-before-pr2139\nextends: {AFTER}\n"
-        "parallel: {tp: 8}\n"
-        "args: {sglang-mem-fraction-static: 0.7, rollout-max-response-len: 4096}\n"
-        "env: {SGLANG_HACK_FLASHMLA_BACKEND: triton, SGLANG_OPT_USE_COMPRESSOR_V2: null,\n"
-        "      SGLANG_OPT_USE_JIT_NORM: 'false'}\n")
-    return path
-
-
 def test_the_compressor_travels_with_unified_kv(tmp_path, judge):
-    before, after = load_recipe(_before_pr2139(tmp_path)), load_recipe(AFTER)
+    before, after = load_recipe(BEFORE), load_recipe(AFTER)
     ablation = plan(before, after, judge)
     groups = {tuple(g.keys): g for g in ablation.groups}
     kv = groups[("env.SGLANG_HACK_FLASHMLA_BACKEND", "env.SGLANG_OPT_USE_COMPRESSOR_V2")]
@@ -63,8 +53,8 @@ def test_the_compressor_travels_with_unified_kv(tmp_path, judge):
     assert changed_keys(everything, after.recipe) == {}
 
 
-def test_grouping_on_request_and_bad_pairs(tmp_path, judge):
-    before = load_recipe(_before_pr2139(tmp_path))
+def test_grouping_on_request_and_bad_pairs(judge):
+    before = load_recipe(BEFORE)
     ablation = plan(before, load_recipe(AFTER), judge,
                     together=[["parallel", "args.sglang-mem-fraction-static"]])
     assert ["args.sglang-mem-fraction-static", "parallel.tp"] in [g.keys for g in ablation.groups]
