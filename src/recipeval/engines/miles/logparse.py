@@ -318,7 +318,7 @@ class MilesLogParser:
         """One row per rollout id (sorted): `rollout_id`, `timestamp` (end of the rollout),
         `cycle_time` (see the module docstring), metric columns sorted by name."""
         steps = self.optimizer_steps()
-        per_rollout = _rollup_steps(steps)
+        per_rollout = _rollup_steps(self.step_metrics, self.steps_per_rollout_in_use())
         ids = sorted({*self.rollout_metrics, *per_rollout.index})
         frame = _metric_frame(self.rollout_metrics, ids)
         frame = frame.combine_first(per_rollout.reindex(ids)) if len(per_rollout.columns) else frame
@@ -351,22 +351,27 @@ def _metric_frame(metrics: dict[int, dict[str, float]], ids: list[int]) -> pd.Da
     return frame.astype("float64")
 
 
-def _rollup_steps(steps: pd.DataFrame) -> pd.DataFrame:
-    """The step table folded to one row per rollout id, each column as ROLLUP says."""
-    columns = [c for c in steps.columns if c not in (OPTIMIZER_STEP, ROLLOUT_ID, TIMESTAMP)]
-    if steps.empty or not columns:
-        return pd.DataFrame(index=pd.Index([], dtype="int64"))
-    groups = steps.sort_values(OPTIMIZER_STEP).groupby(ROLLOUT_ID)
-    logged_steps = groups.size()
-    folded = {}
-    for column in columns:
-        how = rollup(STEP_KIND, column)
-        if how == "mean":
-            # a step whose value is nan (or missing) makes the rollout's mean nan: never hidden
-            folded[column] = groups[column].mean().where(groups[column].count() == logged_steps)
-        else:
-            folded[column] = getattr(groups[column], how)()
-    return pd.DataFrame(folded)
+def _rollup_steps(metrics: dict[int, dict[str, float]], per_rollout: int) -> pd.DataFrame:
+    """The optimizer steps folded to one row per rollout id, each key as ROLLUP says, over
+    the steps that logged it (a nan or inf among them stays in a mean: never hidden)."""
+    logged: dict[int, dict[str, list[float]]] = {}
+    for step in sorted(metrics):
+        row = logged.setdefault(step // per_rollout, {})
+        for key, value in metrics[step].items():
+            row.setdefault(key, []).append(value)
+    folded = {
+        rollout_id: {key: _fold(rollup(STEP_KIND, key), values) for key, values in row.items()}
+        for rollout_id, row in logged.items()
+    }
+    return pd.DataFrame.from_dict(folded, orient="index", dtype="float64")
+
+
+def _fold(how: str, values: list[float]) -> float:
+    if how == "first":
+        return values[0]
+    if how == "last":
+        return values[-1]
+    return sum(values) / len(values)
 
 
 def _cycle_times(frame: pd.DataFrame, ends: pd.Series) -> pd.Series:
