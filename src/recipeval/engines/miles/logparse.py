@@ -274,7 +274,10 @@ class MilesLogParser:
 
     def _rollout_line(self, kind: str, rollout_id: int, values: dict[str, float],
                       stamp: pd.Timestamp | None) -> int:
-        self.rollout_metrics.setdefault(rollout_id, {}).update(values)
+        row = self.rollout_metrics.setdefault(rollout_id, {})
+        # logged once per rollout id: a repeat (Ray repeats lines) folds into the value so far
+        for key, value in values.items():
+            row[key] = _fold(rollup(kind, key), [row[key], value]) if key in row else value
         closing = kind == "perf" and any(key in values for key in TRAINER_PERF_KEYS)
         if kind in OPENING_KINDS:
             self._open_rollout = rollout_id
@@ -367,6 +370,7 @@ def _rollup_steps(metrics: dict[int, dict[str, float]], per_rollout: int) -> pd.
 
 
 def _fold(how: str, values: list[float]) -> float:
+    """One value from a key's values in the order logged, as ROLLUP says."""
     if how == "first":
         return values[0]
     if how == "last":
