@@ -55,6 +55,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from functools import cache
 from pathlib import Path
 
 import pandas as pd
@@ -104,6 +105,7 @@ ROLLUP = (
 )
 
 
+@cache
 def rollup(kind: str, key: str) -> str:
     """How a rollout's row aggregates `key` of lines of `kind` (see ROLLUP)."""
     return next(rule.how for rule in ROLLUP if rule.matches(kind, key))
@@ -320,31 +322,26 @@ class MilesLogParser:
     def table(self) -> pd.DataFrame:
         """One row per rollout id (sorted): `rollout_id`, `timestamp` (end of the rollout),
         `cycle_time` (see the module docstring), metric columns sorted by name."""
-        steps = self.optimizer_steps()
-        per_rollout = _rollup_steps(self.step_metrics, self.steps_per_rollout_in_use())
-        ids = sorted({*self.rollout_metrics, *per_rollout.index})
-        frame = _metric_frame(self.rollout_metrics, ids)
-        frame = frame.combine_first(per_rollout.reindex(ids)) if len(per_rollout.columns) else frame
-        frame = frame.reindex(columns=sorted(frame.columns))
+        per_rollout = self.steps_per_rollout_in_use()
+        rolled = _rollup_steps(self.step_metrics, per_rollout)
+        ids = sorted({*self.rollout_metrics, *rolled})
+        # a key both kinds log (none in miles or slime) is taken from the per-rollout line
+        frame = _metric_frame({i: {**rolled.get(i, {}), **self.rollout_metrics.get(i, {})}
+                               for i in ids}, ids)
         frame.index = pd.Index(ids, name=ROLLOUT_ID, dtype="int64")
-        ends = self._ends(ids, steps)
+        ends = pd.to_datetime(pd.Series(self._ends(ids, per_rollout), index=frame.index,
+                                        dtype="object"))
         frame.insert(0, CYCLE_TIME, _cycle_times(frame, ends))
         frame.insert(0, TIMESTAMP, ends)
         return frame.reset_index()
 
-    def _ends(self, ids: list[int], steps: pd.DataFrame) -> pd.Series:
+    def _ends(self, ids: list[int], per_rollout: int) -> list[pd.Timestamp]:
         """Per rollout id: the trainer's closing perf line, else its latest line or step."""
-        latest = steps.groupby(ROLLOUT_ID)[TIMESTAMP].max()
-        ends = []
-        for rollout_id in ids:
-            end = self.closed_at.get(rollout_id)
-            if end is None:
-                known = [s for s in (self.ends.get(rollout_id), latest.get(rollout_id))
-                         if s is not None and not pd.isna(s)]
-                end = max(known) if known else pd.NaT
-            ends.append(end)
-        return pd.to_datetime(pd.Series(ends, index=pd.Index(ids, name=ROLLOUT_ID, dtype="int64"),
-                                        dtype="object"))
+        latest = dict(self.ends)
+        for step, stamp in self.step_stamps.items():
+            rollout_id = step // per_rollout
+            latest[rollout_id] = max(latest.get(rollout_id, stamp), stamp)
+        return [self.closed_at.get(i, latest.get(i, pd.NaT)) for i in ids]
 
 
 def _metric_frame(metrics: dict[int, dict[str, float]], ids: list[int]) -> pd.DataFrame:
@@ -354,7 +351,7 @@ def _metric_frame(metrics: dict[int, dict[str, float]], ids: list[int]) -> pd.Da
     return frame.astype("float64")
 
 
-def _rollup_steps(metrics: dict[int, dict[str, float]], per_rollout: int) -> pd.DataFrame:
+def _rollup_steps(metrics: dict[int, dict[str, float]], per_rollout: int) -> dict[int, dict[str, float]]:
     """The optimizer steps folded to one row per rollout id, each key as ROLLUP says, over
     the steps that logged it (a nan or inf among them stays in a mean: never hidden)."""
     logged: dict[int, dict[str, list[float]]] = {}
@@ -362,11 +359,8 @@ def _rollup_steps(metrics: dict[int, dict[str, float]], per_rollout: int) -> pd.
         row = logged.setdefault(step // per_rollout, {})
         for key, value in metrics[step].items():
             row.setdefault(key, []).append(value)
-    folded = {
-        rollout_id: {key: _fold(rollup(STEP_KIND, key), values) for key, values in row.items()}
-        for rollout_id, row in logged.items()
-    }
-    return pd.DataFrame.from_dict(folded, orient="index", dtype="float64")
+    return {rollout_id: {key: _fold(rollup(STEP_KIND, key), values) for key, values in row.items()}
+            for rollout_id, row in logged.items()}
 
 
 def _fold(how: str, values: list[float]) -> float:
