@@ -147,26 +147,32 @@ class MilesLogParser:
 
     steps_per_rollout: int | None = None
     lines: int = 0
-    rollout_metrics: dict[int, dict[str, float]] = field(default_factory=dict)
-    step_metrics: dict[int, dict[str, float]] = field(default_factory=dict)
-    ends: dict[int, pd.Timestamp] = field(default_factory=dict)
-    closed_at: dict[int, pd.Timestamp] = field(default_factory=dict)
-    step_stamps: dict[int, pd.Timestamp] = field(default_factory=dict)
-    step_rollouts: dict[int, int] = field(default_factory=dict)
-    recognised: dict[str, int] = field(default_factory=dict)
-    dropped: dict[str, int] = field(default_factory=dict)
-    _malformed: list[Malformed] = field(default_factory=list)
-    _pending: _Pending | None = None
-    _open_rollout: int | None = None
-    _unclosed_steps: list[int] = field(default_factory=list)
-    _inferred: tuple[int, int] = (-1, 1)  # (how many pairs it was inferred from, value)
+    # per rollout id: values of its own lines, the time of its latest line (eval left out) and
+    # of the trainer's perf line that closes it
+    _rollout_metrics: dict[int, dict[str, float]] = field(default_factory=dict, init=False, repr=False)
+    _latest: dict[int, pd.Timestamp] = field(default_factory=dict, init=False, repr=False)
+    _closed_at: dict[int, pd.Timestamp] = field(default_factory=dict, init=False, repr=False)
+    # per optimizer step id: values, time of its line, the rollout it was logged under
+    _step_metrics: dict[int, dict[str, float]] = field(default_factory=dict, init=False, repr=False)
+    _step_stamps: dict[int, pd.Timestamp] = field(default_factory=dict, init=False, repr=False)
+    _step_rollouts: dict[int, int] = field(default_factory=dict, init=False, repr=False)
+    # per kind as logged: metric lines read, and dropped
+    _recognised: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _dropped: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _malformed: list[Malformed] = field(default_factory=list, init=False, repr=False)
+    _pending: _Pending | None = field(default=None, init=False, repr=False)
+    _open_rollout: int | None = field(default=None, init=False, repr=False)
+    _unclosed_steps: list[int] = field(default_factory=list, init=False, repr=False)
+    # (how many logged-under pairs it was inferred from, the inferred steps per rollout)
+    _inferred: tuple[int, int] = field(default=(-1, 1), init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.steps_per_rollout is not None and self.steps_per_rollout < 1:
             raise ValueError(f"steps_per_rollout must be a positive integer, not {self.steps_per_rollout}")
 
     def feed(self, line: str) -> int | None:
-        """Take one physical log line; returns the rollout id it updated, if any."""
+        """Take one physical log line; returns the rollout id it updated, if any (for a step
+        line, the rollout it was logged under, else the best guess so far)."""
         self.lines += 1
         text = clean_line(line)
         updated = None
@@ -201,12 +207,12 @@ class MilesLogParser:
     def counts(self) -> dict[str, dict[str, int]]:
         """Per kind as logged (`step`, `critic-step`, `perf`, ...): metric lines recognised
         and dropped (unreadable, unfinished or of a kind not known here)."""
-        dropped = dict(self.dropped)
+        dropped = dict(self._dropped)
         if self._pending is not None:
             label = self._pending.message.label
             dropped[label] = dropped.get(label, 0) + 1
-        return {kind: {"recognised": self.recognised.get(kind, 0), "dropped": dropped.get(kind, 0)}
-                for kind in sorted({*self.recognised, *dropped})}
+        return {kind: {"recognised": self._recognised.get(kind, 0), "dropped": dropped.get(kind, 0)}
+                for kind in sorted({*self._recognised, *dropped})}
 
     def _record(self, record: str) -> int | None:
         stamp, message = read_header(record)
@@ -237,7 +243,7 @@ class MilesLogParser:
         assert pending is not None
         self._pending = None
         self._malformed.append(Malformed(pending.line_number, "\n".join(pending.text)[:200]))
-        self._count(self.dropped, pending.message.label)
+        self._count(self._dropped, pending.message.label)
 
     @staticmethod
     def _count(counter: dict[str, int], label: str) -> None:
@@ -247,36 +253,36 @@ class MilesLogParser:
                 record: str, line_number: int | None = None) -> int | None:
         known = message.kind == STEP_KIND or (message.role is None and message.kind in ROLLOUT_KINDS)
         if not known:
-            self._count(self.dropped, message.label)
+            self._count(self._dropped, message.label)
             return None
         try:
             values = parse_metric_dict(body)
         except ValueError:
             self._malformed.append(Malformed(line_number or self.lines, record[:200]))
-            self._count(self.dropped, message.label)
+            self._count(self._dropped, message.label)
             return None
-        self._count(self.recognised, message.label)
+        self._count(self._recognised, message.label)
         if message.kind == STEP_KIND:
             return self._step(message.id, values, stamp)
         return self._rollout_line(message.kind, message.id, values, stamp)
 
     def _step(self, step_id: int, values: dict[str, float], stamp: pd.Timestamp | None) -> int:
         step = int(values.get("train/step", step_id))
-        self.step_metrics.setdefault(step, {}).update(values)
+        self._step_metrics.setdefault(step, {}).update(values)
         if stamp is not None:
-            seen = self.step_stamps.get(step)
-            self.step_stamps[step] = stamp if seen is None else max(seen, stamp)
+            seen = self._step_stamps.get(step)
+            self._step_stamps[step] = stamp if seen is None else max(seen, stamp)
         if self._open_rollout is not None:
-            self.step_rollouts[step] = self._open_rollout
+            self._step_rollouts[step] = self._open_rollout
         self._unclosed_steps.append(step)
         if self.steps_per_rollout is not None:
             return step // self.steps_per_rollout
         # the rollout it was logged under; inferring k on every line would cost O(steps)
-        return self.step_rollouts.get(step, step // self._inferred[1])
+        return self._step_rollouts.get(step, step // self._inferred[1])
 
     def _rollout_line(self, kind: str, rollout_id: int, values: dict[str, float],
                       stamp: pd.Timestamp | None) -> int:
-        row = self.rollout_metrics.setdefault(rollout_id, {})
+        row = self._rollout_metrics.setdefault(rollout_id, {})
         # logged once per rollout id: a repeat (Ray repeats lines) folds into the value so far
         for key, value in values.items():
             row[key] = _fold(rollup(kind, key), [row[key], value]) if key in row else value
@@ -285,14 +291,14 @@ class MilesLogParser:
             self._open_rollout = rollout_id
         if closing:
             for step in self._unclosed_steps:
-                self.step_rollouts[step] = rollout_id
+                self._step_rollouts[step] = rollout_id
             self._unclosed_steps.clear()
             self._open_rollout = None
         if stamp is not None and kind != "eval":
-            seen = self.ends.get(rollout_id)
-            self.ends[rollout_id] = stamp if seen is None else max(seen, stamp)
+            seen = self._latest.get(rollout_id)
+            self._latest[rollout_id] = stamp if seen is None else max(seen, stamp)
             if closing:
-                self.closed_at[rollout_id] = stamp
+                self._closed_at[rollout_id] = stamp
         return rollout_id
 
     def steps_per_rollout_in_use(self) -> int:
@@ -300,9 +306,9 @@ class MilesLogParser:
         if self.steps_per_rollout is not None:
             return self.steps_per_rollout
         pairs, value = self._inferred
-        if pairs != len(self.step_rollouts):
-            value = infer_steps_per_rollout(self.step_rollouts)
-            self._inferred = (len(self.step_rollouts), value)
+        if pairs != len(self._step_rollouts):
+            value = infer_steps_per_rollout(self._step_rollouts)
+            self._inferred = (len(self._step_rollouts), value)
         return value
 
     def optimizer_steps(self) -> pd.DataFrame:
@@ -310,10 +316,10 @@ class MilesLogParser:
         its line), metric columns sorted by name (role tags keep roles apart:
         train/critic-loss)."""
         per_rollout = self.steps_per_rollout_in_use()
-        ids = sorted(self.step_metrics)
-        frame = _metric_frame(self.step_metrics, ids)
+        ids = sorted(self._step_metrics)
+        frame = _metric_frame(self._step_metrics, ids)
         frame.insert(0, TIMESTAMP, pd.to_datetime(pd.Series(
-            [self.step_stamps.get(i, pd.NaT) for i in ids], index=frame.index, dtype="object")))
+            [self._step_stamps.get(i, pd.NaT) for i in ids], index=frame.index, dtype="object")))
         frame.insert(0, ROLLOUT_ID, pd.Series([i // per_rollout for i in ids], index=frame.index,
                                               dtype="int64"))
         frame.index = pd.Index(ids, name=OPTIMIZER_STEP, dtype="int64")
@@ -323,25 +329,25 @@ class MilesLogParser:
         """One row per rollout id (sorted): `rollout_id`, `timestamp` (end of the rollout),
         `cycle_time` (see the module docstring), metric columns sorted by name."""
         per_rollout = self.steps_per_rollout_in_use()
-        rolled = _rollup_steps(self.step_metrics, per_rollout)
-        ids = sorted({*self.rollout_metrics, *rolled})
+        rolled = _rollup_steps(self._step_metrics, per_rollout)
+        ids = sorted({*self._rollout_metrics, *rolled})
         # a key both kinds log (none in miles or slime) is taken from the per-rollout line
-        frame = _metric_frame({i: {**rolled.get(i, {}), **self.rollout_metrics.get(i, {})}
+        frame = _metric_frame({i: {**rolled.get(i, {}), **self._rollout_metrics.get(i, {})}
                                for i in ids}, ids)
         frame.index = pd.Index(ids, name=ROLLOUT_ID, dtype="int64")
-        ends = pd.to_datetime(pd.Series(self._ends(ids, per_rollout), index=frame.index,
+        ends = pd.to_datetime(pd.Series(self._end_times(ids, per_rollout), index=frame.index,
                                         dtype="object"))
         frame.insert(0, CYCLE_TIME, _cycle_times(frame, ends))
         frame.insert(0, TIMESTAMP, ends)
         return frame.reset_index()
 
-    def _ends(self, ids: list[int], per_rollout: int) -> list[pd.Timestamp]:
+    def _end_times(self, ids: list[int], per_rollout: int) -> list[pd.Timestamp]:
         """Per rollout id: the trainer's closing perf line, else its latest line or step."""
-        latest = dict(self.ends)
-        for step, stamp in self.step_stamps.items():
+        latest = dict(self._latest)
+        for step, stamp in self._step_stamps.items():
             rollout_id = step // per_rollout
             latest[rollout_id] = max(latest.get(rollout_id, stamp), stamp)
-        return [self.closed_at.get(i, latest.get(i, pd.NaT)) for i in ids]
+        return [self._closed_at.get(i, latest.get(i, pd.NaT)) for i in ids]
 
 
 def _metric_frame(metrics: dict[int, dict[str, float]], ids: list[int]) -> pd.DataFrame:
