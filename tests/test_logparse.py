@@ -263,6 +263,7 @@ def test_unknown_unreadable_and_unfinished_lines_are_counted_as_dropped():
 def test_numpy2_and_torch_reprs():
     assert parse_metric_dict(
         "{'a': np.True_, 'b': np.False_, 'c': tensor(0.5, device='cuda:0'), 'd': np.float64(nan),"
-        " 'e': tensor(2, device='cuda:0', dtype=torch.int32), 'f': np.inf, 'g': tensor([1., 2.])}"
+        " 'e': tensor(2, device='cuda:0', dtype=torch.int32), 'f': np.inf, 'g': tensor([1., 2.]),"
+        " 'h': tensor(0.25, device='cuda:0', grad_fn=<MeanBackward0>)}"
     ) == {"a": 1.0, "b": 0.0, "c": 0.5, "d": pytest.approx(math.nan, nan_ok=True), "e": 2.0,
-          "f": math.inf}
+          "f": math.inf, "h": 0.25}

@@ -46,6 +46,9 @@ CONTINUATION = re.compile(
 # numpy 2 scalar reprs (`np.float64(0.5)`), torch's `tensor(0.5, device='cuda:0')` and
 # float('nan') wrap a plain number.
 NUMBER_WRAPPERS = re.compile(r"^(?:(?:np|numpy)\.(?:float\d*|u?int\d*|bool_?)|tensor|float|int)$")
+# torch prints the autograd node of a tensor that requires grad as `<MeanBackward0>`, which no
+# Python parser reads; it says nothing about the value.
+GRAD_FN = re.compile(r",\s*grad_fn=<\w+>")
 NAMED_CONSTANTS = {
     "nan": math.nan, "NaN": math.nan, "inf": math.inf, "infinity": math.inf, "Infinity": math.inf,
     "np.nan": math.nan, "np.inf": math.inf, "numpy.nan": math.nan, "numpy.inf": math.inf,
@@ -159,7 +162,7 @@ def parse_metric_dict(body: str) -> dict[str, float]:
     """`{'a': 1.0, 'b': nan, 'c': np.float64(2.0)}` -> {'a': 1.0, 'b': nan, 'c': 2.0}.
     Non-numeric values (lists, strings) are dropped. Raises ValueError when body is not a dict."""
     try:
-        tree = ast.parse(body.strip(), mode="eval")
+        tree = ast.parse(GRAD_FN.sub("", body).strip(), mode="eval")
         value = ast.literal_eval(_Literals().visit(tree))
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as err:
         raise ValueError(f"not a metric dict: {err}") from None
