@@ -267,3 +267,29 @@ def test_numpy2_and_torch_reprs():
         " 'h': tensor(0.25, device='cuda:0', grad_fn=<MeanBackward0>)}"
     ) == {"a": 1.0, "b": 0.0, "c": 0.5, "d": pytest.approx(math.nan, nan_ok=True), "e": 2.0,
           "f": math.inf, "h": 0.25}
+
+
+def test_inference_holds_when_generation_runs_ahead_or_the_critic_trains_alone():
+    """Asynchronous training logs the rollout manager's perf N+1 before the trainer's lines of
+    rollout N; --num-critic-only-steps leaves the first rollouts without actor lines."""
+    lines = PPO_LOG.read_text().splitlines()
+    generation = [line for line in lines if "metrics.py:89" in line]
+    ahead = [generation[0]]
+    for line in (line for line in lines if "metrics.py:89" not in line):
+        ahead.append(line)
+        if "log_utils.py:123 - rollout " in line:
+            rollout_id = int(line.split(" - rollout ")[1].split(":")[0])
+            ahead += generation[rollout_id + 1:rollout_id + 2]
+    parsed = parse_lines(ahead)
+    assert parsed.steps_per_rollout == 2
+    assert list(parsed.steps["rollout_id"]) == list(range(6))
+    assert parsed.steps["cycle_time"].iloc[1:].tolist() == pytest.approx([487.0] * 5)
+
+    def actor_line_of_first_two_rollouts(line: str) -> bool:
+        return "actor_cell0_rank0" in line and any(
+            f" - {what}:" in line for r in (0, 1)
+            for what in (f"rollout {r}", f"perf {r}", f"step {2 * r}", f"step {2 * r + 1}"))
+
+    critic_first = parse_lines([line for line in lines if not actor_line_of_first_two_rollouts(line)])
+    assert critic_first.steps_per_rollout == 2
+    assert list(critic_first.optimizer_steps["rollout_id"]) == [i // 2 for i in range(12)]

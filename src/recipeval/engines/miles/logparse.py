@@ -11,9 +11,10 @@ What the trainers write (facts from their sources; loglines.py reads one record)
   `N // steps_per_rollout`. steps_per_rollout is the recipe's num-steps-per-rollout when the
   caller knows it; otherwise it is inferred from the log: the trainer logs `rollout R`
   (log_rollout_data) before the actor's steps of rollout R and its own `perf R` (with
-  perf/step_time or perf/train_time) after them, so most steps are seen with their rollout id;
-  the inferred value is the one that files the most of those steps under the right rollout (1
-  when the log holds no such line).
+  perf/step_time or perf/train_time) after them and after the critic's, so most steps are seen
+  with their rollout id (the rollout manager's perf lines say nothing here: asynchronous runs
+  log them ahead); the inferred value is the one that files the most of those steps under the
+  right rollout (1 when the log holds no such line).
 - `perf N`, `rollout N`, `eval N`, `multi_turn N`, `passrate N`: one line per rollout id N
   (perf comes twice: from the rollout manager and from the trainer; their keys differ).
 
