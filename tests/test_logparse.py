@@ -250,12 +250,14 @@ def test_unknown_unreadable_and_unfinished_lines_are_counted_as_dropped():
         "perf 1: {'perf/step_time': 11.0, 'perf/x': <object at 0x1>}",  # unreadable value
         "step 2: {'train/loss': 0.2,",  # the log ends inside the dict
     ]
+    glued = f"{header}perf 2: {{'perf/a': 1.0,{header}perf 2: {{'perf/b': 2.0,"  # two cut-off records
     parsed = parse_lines(lines)
     assert parsed.counts == {
         "agent": {"recognised": 0, "dropped": 1}, "critic-perf": {"recognised": 0, "dropped": 1},
         "perf": {"recognised": 1, "dropped": 1}, "step": {"recognised": 1, "dropped": 2},
     }
     assert [m.line_number for m in parsed.malformed] == [3, 7, 8]
+    assert parse_lines([glued]).counts == {"perf": {"recognised": 0, "dropped": 2}}
     assert list(parsed.optimizer_steps["step"]) == [1]
     assert parsed.optimizer_steps["train/grad_norm"].tolist() == [1.5]
 

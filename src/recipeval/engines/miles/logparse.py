@@ -220,6 +220,8 @@ class MilesLogParser:
         parsed = metric_message(message)
         if parsed is None:
             return None
+        if self._pending is not None:  # glued behind an unfinished record in the same line
+            self._drop_pending()
         if open_brackets(parsed.body) > 0:
             self._pending = _Pending(self.lines, stamp, parsed, [record.strip()], [parsed.body])
             return None
