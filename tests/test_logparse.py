@@ -295,3 +295,8 @@ def test_inference_holds_when_generation_runs_ahead_or_the_critic_trains_alone()
     critic_first = parse_lines([line for line in lines if not actor_line_of_first_two_rollouts(line)])
     assert critic_first.steps_per_rollout == 2
     assert list(critic_first.optimizer_steps["rollout_id"]) == [i // 2 for i in range(12)]
+
+
+def test_a_nan_step_counter_falls_back_to_the_line_id():
+    parsed = parse_lines(["step 3: {'train/loss': 0.5, 'train/step': nan}"])
+    assert list(parsed.optimizer_steps["step"]) == [3]

@@ -164,7 +164,8 @@ class MilesLogParser:
     _pending: _Pending | None = field(default=None, init=False, repr=False)
     _open_rollout: int | None = field(default=None, init=False, repr=False)
     _unclosed_steps: list[int] = field(default_factory=list, init=False, repr=False)
-    # (how many logged-under pairs it was inferred from, the inferred steps per rollout)
+    # the inferred steps per rollout, and the count of changes to _step_rollouts it saw
+    _pairs_changed: int = field(default=0, init=False, repr=False)
     _inferred: tuple[int, int] = field(default=(-1, 1), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -270,13 +271,15 @@ class MilesLogParser:
         return self._rollout_line(message.kind, message.id, values, stamp)
 
     def _step(self, step_id: int, values: dict[str, float], stamp: pd.Timestamp | None) -> int:
-        step = int(values.get("train/step", step_id))
+        logged = values.get("train/step", math.nan)
+        step = int(logged) if math.isfinite(logged) else step_id
         self._step_metrics.setdefault(step, {}).update(values)
         if stamp is not None:
             seen = self._step_stamps.get(step)
             self._step_stamps[step] = stamp if seen is None else max(seen, stamp)
         if self._open_rollout is not None:
             self._step_rollouts[step] = self._open_rollout
+            self._pairs_changed += 1
         self._unclosed_steps.append(step)
         if self.steps_per_rollout is not None:
             return step // self.steps_per_rollout
@@ -295,6 +298,7 @@ class MilesLogParser:
         if closing:
             for step in self._unclosed_steps:
                 self._step_rollouts[step] = rollout_id
+            self._pairs_changed += len(self._unclosed_steps)
             self._unclosed_steps.clear()
             self._open_rollout = None
         if stamp is not None and kind != "eval":
@@ -308,10 +312,10 @@ class MilesLogParser:
         """The recipe's value when given, else the one inferred from the log so far."""
         if self.steps_per_rollout is not None:
             return self.steps_per_rollout
-        pairs, value = self._inferred
-        if pairs != len(self._step_rollouts):
+        seen, value = self._inferred
+        if seen != self._pairs_changed:
             value = infer_steps_per_rollout(self._step_rollouts)
-            self._inferred = (len(self._step_rollouts), value)
+            self._inferred = (self._pairs_changed, value)
         return value
 
     def optimizer_steps(self) -> pd.DataFrame:
