@@ -39,13 +39,12 @@ def test_clean_log_one_row_per_rollout_with_both_perf_lines_merged():
     assert r1["response_len/mean"] == 3990.0
 
 
-def test_cycle_time_is_wall_time_between_consecutive_rollouts():
+def test_cycle_time_is_wall_time_from_end_to_end_of_consecutive_rollouts():
     steps = parse_log(LOGS / "miles_clean.log").steps
     assert math.isnan(steps["cycle_time"].iloc[0])
-    # first records of rollouts 0, 1, 2: 10:02:30.5, 10:10:24.5, 10:18:18.0
-    assert steps["cycle_time"].iloc[1] == pytest.approx(474.0)
-    assert steps["cycle_time"].iloc[2] == pytest.approx(473.5)
-    assert steps["timestamp"].iloc[0] == pd.Timestamp("2026-08-05 10:02:30.500")
+    # a rollout ends with the trainer's perf line: 10:05:33.1, 10:13:27.1, 10:21:21.1
+    assert list(steps["cycle_time"].iloc[1:]) == pytest.approx([474.0, 474.0])
+    assert steps["timestamp"].iloc[0] == pd.Timestamp("2026-08-05 10:05:33.100")
 
 
 def test_irregular_ray_log():
@@ -60,8 +59,8 @@ def test_irregular_ray_log():
     assert math.isnan(r1["train/loss"])
     assert r1["train/train_rollout_logprob_abs_diff"] == math.inf
     assert r1["train/grad_norm"] == -math.inf
-    # out-of-order trainer line: the rollout's timestamp is its earliest record
-    assert r1["timestamp"] == pd.Timestamp("2026-08-05 10:10:24.500")
+    # lines out of order: the rollout ends with the trainer's perf line, wherever it is
+    assert r1["timestamp"] == pd.Timestamp("2026-08-05 10:13:27.100")
     assert r1["perf/actor_train_time"] == 181.5  # the complete record after the glued one
     assert "perf/longest_sample_tokens_per_sec" not in steps.columns
     assert r2["perf/rollout_time"] == 150.5
@@ -113,3 +112,191 @@ def test_parse_log_cli_writes_csv_and_parquet_and_reports_malformed(tmp_path):
         capture_output=True, text=True, check=False,
     )
     assert bad.returncode == 2 and "no such log file" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# --- the real trainers' formats (fixtures cite the source lines or threads they come from) --
+
+PPO_LOG = LOGS / "miles_ppo_critic_2steps.log"
+
+
+def test_ppo_log_with_two_optimizer_steps_per_rollout_gives_one_row_per_rollout():
+    """`step N` counts optimizer steps (rollout_id * 2 + step_id): 12 step ids, 6 rollouts."""
+    parsed = parse_log(PPO_LOG)
+    steps = parsed.steps
+    assert parsed.steps_per_rollout == 2  # inferred from the trainer's rollout/perf lines
+    assert list(steps["rollout_id"]) == [0, 1, 2, 3, 4, 5]
+    r3 = row(steps, 3)
+    # the actor's steps 6 and 7 land on rollout 3: the mean of their losses, the last step id
+    assert r3["train/loss"] == pytest.approx((0.014 + 0.013) / 2)
+    assert r3["train/grad_norm"] == pytest.approx((0.8 + 0.9) / 2)
+    assert r3["train/step"] == 7
+    # policy-vs-sampler metrics keep the rollout's first step, where they are zero
+    assert list(steps["train/ppo_kl"]) == [0.0] * 6
+    assert list(steps["train/pg_clipfrac"]) == [0.0] * 6
+    # the critic's role-tagged lines land on the same rollouts
+    assert r3["train/critic-value_loss"] == pytest.approx((0.38 + 0.36) / 2)
+    assert r3["train/critic-lr-pg_0"] == 1e-05
+    assert r3["perf/rollout_time"] == 150.0 and r3["rollout/raw_reward"] == pytest.approx(0.4)
+    # a rollout ends with the trainer's perf line: the cycle is 487 s, not half of it
+    assert steps["cycle_time"].iloc[1:].tolist() == pytest.approx([487.0] * 5)
+    assert math.isnan(steps["cycle_time"].iloc[0])
+    assert steps["timestamp"].iloc[0] == pd.Timestamp("2026-08-05 09:08:06.500")
+    # evaluations: before training (0) and every 2 rollouts, not moving a rollout's end
+    assert steps.set_index("rollout_id")["eval/gsm8k"].dropna().to_dict() == pytest.approx(
+        {0: 0.3125, 1: 0.4, 3: 0.5, 5: 0.6})
+
+
+def test_ppo_log_keeps_every_optimizer_step_and_counts_every_kind():
+    parsed = parse_log(PPO_LOG)
+    per_step = parsed.optimizer_steps
+    assert list(per_step["step"]) == list(range(12))
+    assert list(per_step["rollout_id"]) == [i // 2 for i in range(12)]
+    assert list(per_step["train/ppo_kl"]) == [0.0, 0.0004] * 6
+    assert per_step["train/critic-value_loss"].iloc[7] == pytest.approx(0.36)
+    assert per_step["timestamp"].iloc[1] == pd.Timestamp("2026-08-05 09:06:40")
+    # miles logs each step line twice (log_utils.py and model.py): both counted, read once
+    assert parsed.counts == {
+        "critic-step": {"recognised": 24, "dropped": 0}, "eval": {"recognised": 4, "dropped": 0},
+        "perf": {"recognised": 12, "dropped": 0}, "rollout": {"recognised": 6, "dropped": 0},
+        "step": {"recognised": 24, "dropped": 0},
+    }
+    assert parsed.malformed_count == 0
+
+
+def test_recipe_steps_per_rollout_wins_over_inference():
+    lines = PPO_LOG.read_text().splitlines()
+    given = parse_lines(lines, steps_per_rollout=2)
+    pd.testing.assert_frame_equal(given.steps, parse_lines(lines).steps)
+    assert given.steps_per_rollout == 2
+    # a recipe saying 1 step per rollout files each step id as its own rollout
+    assert len(MilesLogParser(steps_per_rollout=1).feed_all(lines).table()) == 12
+    with pytest.raises(ValueError, match="positive"):
+        MilesLogParser(steps_per_rollout=0)
+
+
+def test_step_rollouts_are_right_while_the_run_is_still_logging():
+    lines = PPO_LOG.read_text().splitlines()
+    parser = MilesLogParser()
+    end_of_rollout_1 = next(i for i, line in enumerate(lines) if "train_metric_utils.py:56 - perf 1:" in line)
+    updated = [parser.feed(line) for line in lines[:end_of_rollout_1 + 1]]
+    assert list(parser.table()["rollout_id"]) == [0, 1]
+    assert parser.table()["train/step"].tolist() == [1.0, 3.0]
+    # every step line reported the rollout it belongs to
+    assert [u for u, line in zip(updated, lines) if " step " in f" {line.split(' - ')[-1]}"] == [
+        0, 0, 0, 0, 1, 1, 1, 1]
+    parser.feed_all(lines[end_of_rollout_1 + 1:])
+    pd.testing.assert_frame_equal(parser.table(), parse_log(PPO_LOG).steps)
+
+
+def test_slime_lines_without_header_default_format_multiline_and_numpy_torch_reprs():
+    parsed = parse_log(LOGS / "slime_plain_multiline.log")
+    steps = parsed.steps
+    assert parsed.malformed_count == 0
+    assert parsed.steps_per_rollout == 2
+    assert list(steps["rollout_id"]) == [0, 1, 2]
+    r0, r1, r2 = (row(steps, i) for i in (0, 1, 2))
+    assert r0["train/loss"] == pytest.approx(0.02)  # steps 0 and 1, printed bare
+    assert r1["train/loss"] == pytest.approx(0.03)  # INFO:name:step 2/3
+    assert r1["rollout/raw_reward"] == 0.55
+    assert r0["multi_turn/multi_turn_metric/round_number_mean"] == 2.5  # np.float64(2.5)
+    assert r0["multi_turn/multi_turn_metric/round_number_max"] == 4.0  # np.int64(4)
+    assert r0["passrate/pass@4"] == 0.75
+    # pretty-printed dicts with tensor(x, device=...), np.float32, np.True_, np.False_
+    assert r2["rollout/log_probs"] == -0.47
+    assert r2["rollout/truncated"] == 0.0
+    assert r2["train/finite"] == 1.0
+    assert r2["train/loss"] == pytest.approx((0.015 + 0.025) / 2)
+    assert r2["perf/step_time"] == 182.0
+    # no timestamps: the trainer's own step_time, else train_wait_time + train_time
+    assert steps["timestamp"].isna().all()
+    assert steps["cycle_time"].tolist() == [180.0, 182.0, 182.0]
+    assert parsed.counts["multi_turn"] == {"recognised": 1, "dropped": 0}
+    assert parsed.counts["passrate"] == {"recognised": 1, "dropped": 0}
+    assert parsed.counts["step"] == {"recognised": 6, "dropped": 0}
+
+
+def test_real_slime_perf_line_from_a_public_issue():
+    parsed = parse_log(LOGS / "slime_issue_1837_excerpt.log")
+    steps = parsed.steps
+    assert list(steps["rollout_id"]) == [0]
+    assert row(steps, 0)["perf/rollout_time"] == pytest.approx(371.1796889305115)
+    assert row(steps, 0)["rollout/response_len/max"] == 4096.0
+    # slime's header has no milliseconds
+    assert row(steps, 0)["timestamp"] == pd.Timestamp("2026-04-15 07:57:53")
+    assert parsed.counts == {"perf": {"recognised": 1, "dropped": 0}}
+
+
+def test_real_bare_slime_step_lines_from_a_public_issue():
+    parsed = parse_log(LOGS / "slime_prorl_issue_40_excerpt.log")
+    per_step = parsed.optimizer_steps.set_index("step")
+    assert list(per_step.index) == [1, 28]
+    assert per_step.loc[1, "train/grad_norm"] == pytest.approx(2955012562.8240876)
+    assert per_step.loc[28, "train/kl_loss"] == pytest.approx(0.0007035313756205142)
+    # nothing says how many steps a rollout has: one each, as logged
+    assert list(parsed.steps["rollout_id"]) == [1, 28]
+    assert list(parse_log(LOGS / "slime_prorl_issue_40_excerpt.log", steps_per_rollout=4)
+                .steps["rollout_id"]) == [0, 7]
+
+
+def test_unknown_unreadable_and_unfinished_lines_are_counted_as_dropped():
+    header = "[2026-08-05 10:00:00.000 actor] x.py:1 - "
+    lines = [
+        f"{header}agent 3: {{'agent/turns': 4}}",  # a kind this parser does not know
+        f"{header}critic-perf 3: {{'perf/x': 1.0}}",  # a role tag on a per-rollout kind
+        f"{header}step 0: {{'train/loss': 0.1,",  # cut off by the next record
+        f"{header}perf 0: {{'perf/step_time': 10.0}}",
+        "(MegatronTrainRayActor pid=7) step 1: {'train/loss': 0.3,",  # continued with Ray's prefix
+        "(MegatronTrainRayActor pid=7)  'train/grad_norm': 1.5}",
+        "perf 1: {'perf/step_time': 11.0, 'perf/x': <object at 0x1>}",  # unreadable value
+        "step 2: {'train/loss': 0.2,",  # the log ends inside the dict
+    ]
+    glued = f"{header}perf 2: {{'perf/a': 1.0,{header}perf 2: {{'perf/b': 2.0,"  # two cut-off records
+    parsed = parse_lines(lines)
+    assert parsed.counts == {
+        "agent": {"recognised": 0, "dropped": 1}, "critic-perf": {"recognised": 0, "dropped": 1},
+        "perf": {"recognised": 1, "dropped": 1}, "step": {"recognised": 1, "dropped": 2},
+    }
+    assert [m.line_number for m in parsed.malformed] == [3, 7, 8]
+    assert parse_lines([glued]).counts == {"perf": {"recognised": 0, "dropped": 2}}
+    assert list(parsed.optimizer_steps["step"]) == [1]
+    assert parsed.optimizer_steps["train/grad_norm"].tolist() == [1.5]
+
+
+def test_numpy2_and_torch_reprs():
+    assert parse_metric_dict(
+        "{'a': np.True_, 'b': np.False_, 'c': tensor(0.5, device='cuda:0'), 'd': np.float64(nan),"
+        " 'e': tensor(2, device='cuda:0', dtype=torch.int32), 'f': np.inf, 'g': tensor([1., 2.]),"
+        " 'h': tensor(0.25, device='cuda:0', grad_fn=<MeanBackward0>)}"
+    ) == {"a": 1.0, "b": 0.0, "c": 0.5, "d": pytest.approx(math.nan, nan_ok=True), "e": 2.0,
+          "f": math.inf, "h": 0.25}
+
+
+def test_inference_holds_when_generation_runs_ahead_or_the_critic_trains_alone():
+    """Asynchronous training logs the rollout manager's perf N+1 before the trainer's lines of
+    rollout N; --num-critic-only-steps leaves the first rollouts without actor lines."""
+    lines = PPO_LOG.read_text().splitlines()
+    generation = [line for line in lines if "metrics.py:89" in line]
+    ahead = [generation[0]]
+    for line in (line for line in lines if "metrics.py:89" not in line):
+        ahead.append(line)
+        if "log_utils.py:123 - rollout " in line:
+            rollout_id = int(line.split(" - rollout ")[1].split(":")[0])
+            ahead += generation[rollout_id + 1:rollout_id + 2]
+    parsed = parse_lines(ahead)
+    assert parsed.steps_per_rollout == 2
+    assert list(parsed.steps["rollout_id"]) == list(range(6))
+    assert parsed.steps["cycle_time"].iloc[1:].tolist() == pytest.approx([487.0] * 5)
+
+    def actor_line_of_first_two_rollouts(line: str) -> bool:
+        return "actor_cell0_rank0" in line and any(
+            f" - {what}:" in line for r in (0, 1)
+            for what in (f"rollout {r}", f"perf {r}", f"step {2 * r}", f"step {2 * r + 1}"))
+
+    critic_first = parse_lines([line for line in lines if not actor_line_of_first_two_rollouts(line)])
+    assert critic_first.steps_per_rollout == 2
+    assert list(critic_first.optimizer_steps["rollout_id"]) == [i // 2 for i in range(12)]
+
+
+def test_a_nan_step_counter_falls_back_to_the_line_id():
+    parsed = parse_lines(["step 3: {'train/loss': 0.5, 'train/step': nan}"])
+    assert list(parsed.optimizer_steps["step"]) == [3]
