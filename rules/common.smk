@@ -9,7 +9,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from recipeval.recipe import RecipeErrors, load_recipe
+from recipeval.recipe import InvalidRecipe, load_recipe
 
 validate(config, workflow.source_path("../config/config.schema.yaml"))
 
@@ -69,7 +69,7 @@ def recipe_table(selection):
             continue
         try:
             row = _load_row(path)
-        except RecipeErrors as errs:
+        except InvalidRecipe as errs:
             problems.extend(str(e) for e in errs.errors)
             continue
         if row.name in rows:

@@ -20,7 +20,7 @@ def night(n: int) -> datetime:
 def stage_result(
     stage: str, recipe_path: Path, when: datetime, *, status: str = "pass",
     summary: dict | None = None, packages: dict | None = None, message: str = "",
-    checks: list[Check] | None = None, trainer_revision: str | None = "abc123",
+    checks: list[Check] | None = None,
 ) -> StageResult:
     loaded = load_recipe(recipe_path)
     return StageResult(
@@ -31,7 +31,7 @@ def stage_result(
             stage=stage, host="node01", started=when.isoformat(timespec="seconds"),
             finished=(when + timedelta(minutes=30)).isoformat(timespec="seconds"),
             packages=packages or {"sglang": "0.5.16", "torch": "2.9.1", "megatron-core": "0.16.0"},
-            gpu="MI355X", trainer_revision=trainer_revision,
+            gpu="MI355X",
         ),
     )
 

@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 
 from recipeval.checks import live, memory, rules
+from recipeval.checks.env_check import (
+    _Validators,
+    build_result,
+    env_check,
+    exit_code,
+    static_checks,
+)
 from recipeval.checks.probe import probe, ray_cluster
-from recipeval.checks.run import _Validators, build_result, env_check, exit_code, static_checks
 from recipeval.checks.subject import Subject
 from recipeval.recipe import load_recipe
 from recipeval.result import provenance
@@ -287,9 +293,9 @@ def test_missing_validator_means_could_not_judge(tmp_path):
     template = provenance("", "", "env_check")
     result = build_result(subject, static_checks(subject, validators, None, 0), template, True, {})
     assert result.status == "error" and "pip install" in result.message
-    from recipeval.checks.run import Outcome
+    from recipeval.checks.env_check import EnvCheckReport
 
-    assert exit_code(Outcome(results=[result]), exit_zero=False) == 3
+    assert exit_code(EnvCheckReport(results=[result]), exit_zero=False) == 3
 
 
 def test_sglang_parser_missing_means_could_not_judge(tmp_path):

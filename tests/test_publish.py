@@ -14,7 +14,7 @@ import pytest
 from publish_fixtures import AMD_RECIPE, night, write_run
 
 from recipeval.analysis.regression import RegressionSettings
-from recipeval.publish.run import PublishOutputs, publish
+from recipeval.publish.publisher import PublishOutputs, publish
 
 
 def _publish_night(tmp: Path, n: int, plots: bool = False, **kwargs) -> tuple[Path, object]:

@@ -44,11 +44,11 @@ def _die(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
 
 def load_or_exit(path: Path):  # -> LoadedRecipe
     """Load a recipe, or print its errors one per line and exit 2."""
-    from recipeval.recipe import RecipeErrors, load_recipe
+    from recipeval.recipe import InvalidRecipe, load_recipe
 
     try:
         return load_recipe(path)
-    except RecipeErrors as errs:
+    except InvalidRecipe as errs:
         for err in errs.errors:
             print(f"recipeval: {err}", file=sys.stderr)
         raise typer.Exit(EXIT_BAD_INPUT) from None
@@ -67,13 +67,13 @@ def validate(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only errors")] = False,
 ) -> None:
     """Validate recipe files: exit 0 when all are valid, 2 otherwise."""
-    from recipeval.recipe import RecipeErrors, load_recipe
+    from recipeval.recipe import InvalidRecipe, load_recipe
 
     bad = 0
     for path in recipes:
         try:
             loaded = load_recipe(path)
-        except RecipeErrors as errs:
+        except InvalidRecipe as errs:
             bad += 1
             for err in errs.errors:
                 print(f"recipeval: {err}", file=sys.stderr)
@@ -300,8 +300,8 @@ def publish(
 ) -> None:
     """Tables, plots, history, regression verdict and JUnit XML from stage results."""
     from recipeval.analysis.regression import RegressionSettings
-    from recipeval.publish.run import PublishError, PublishOutputs, summary_lines
-    from recipeval.publish.run import publish as run_publish
+    from recipeval.publish.publisher import PublishError, PublishOutputs, summary_lines
+    from recipeval.publish.publisher import publish as run_publish
 
     settings = RegressionSettings(min_change, alpha, min_history, short_history_band)
     try:

@@ -46,7 +46,6 @@ class Provenance(BaseModel):
     finished: str | None = None
     packages: dict[str, str] = Field(default_factory=dict)
     gpu: str | None = None
-    trainer_revision: str | None = None
     launcher_revision: str | None = None
     python: str = Field(default_factory=platform.python_version)
 

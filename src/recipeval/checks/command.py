@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from recipeval.checks.run import env_check, exit_code, report_lines, write_outputs
+from recipeval.checks.env_check import env_check, exit_code, report_lines, write_outputs
 
 
 def _read_probe(path: Path) -> dict | str:

@@ -12,18 +12,18 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from recipeval.recipe import RecipeErrors, load_recipe
+from recipeval.recipe import InvalidRecipe, load_recipe
 from recipeval.recipe.schema import STAGES
 from recipeval.result import StageResult, read_result
 
 RECORD_SCHEMA = 1
 # Provenance fields "what changed" compares besides packages.
-PROVENANCE_FIELDS = ("trainer_revision", "launcher_revision", "host", "gpu", "python")
+PROVENANCE_FIELDS = ("launcher_revision", "host", "gpu", "python")
 # Keys of a metric's dict that hold its estimate and interval (analysis.steady_state's shape).
 _ESTIMATE, _LOW, _HIGH = "estimate", "low", "high"
 
 
-class StageOutcome(BaseModel):
+class StageSummary(BaseModel):
     status: str
     message: str = ""
     failed_checks: list[str] = Field(default_factory=list)
@@ -46,7 +46,7 @@ class RunRecord(BaseModel):
     gpus_per_node: int | None = None
     layout: str | None = None
     max_response_len: int | None = None
-    stages: dict[str, StageOutcome] = Field(default_factory=dict)
+    stages: dict[str, StageSummary] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)
     intervals: dict[str, tuple[float, float]] = Field(default_factory=dict)
     expect: dict[str, str] = Field(default_factory=dict, description="check id -> message")
@@ -115,7 +115,7 @@ def _recipe_facts(path: str | None, sha256: str) -> dict[str, Any]:
         return {}
     try:
         loaded = load_recipe(path)
-    except RecipeErrors:
+    except InvalidRecipe:
         return {}
     if loaded.sha256 != sha256:
         return {}
@@ -151,13 +151,13 @@ def build_record(results: Iterable[StageResult]) -> RunRecord:
     first = ordered[0]
     metrics: dict[str, float] = {}
     intervals: dict[str, tuple[float, float]] = {}
-    stages: dict[str, StageOutcome] = {}
+    stages: dict[str, StageSummary] = {}
     packages: dict[str, str] = {}
     provenance: dict[str, str | None] = {}
     expect: dict[str, str] = {}
     for res in ordered:
         prov = res.provenance
-        stages[res.stage] = StageOutcome(
+        stages[res.stage] = StageSummary(
             status=res.status, message=res.message,
             failed_checks=[f"{c.id}: {c.message}" if c.message else c.id for c in res.failed_checks()],
             started=prov.started, finished=prov.finished,

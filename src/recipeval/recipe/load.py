@@ -43,7 +43,7 @@ DERIVED_FLAGS: dict[str, str] = {
 }
 
 
-class RecipeErrors(Exception):
+class InvalidRecipe(Exception):
     """One or more recipe errors; each renders as one line."""
 
     def __init__(self, errors: list[RecipeError]):
@@ -212,26 +212,26 @@ def _cross_checks(recipe: Recipe) -> list[tuple[str, str]]:
 
 
 def load_recipe(path: str | Path) -> LoadedRecipe:
-    """Load, merge and validate a recipe file. Raises RecipeErrors (all problems found)."""
+    """Load, merge and validate a recipe file. Raises InvalidRecipe (all problems found)."""
     file = Path(path).absolute()
     try:
         data, origins, files = _read_chain(file, ())
     except RecipeError as err:
-        raise RecipeErrors([err]) from None
+        raise InvalidRecipe([err]) from None
     data.setdefault("name", file.stem.removesuffix(".recipe"))
     loaded_origins = dict(origins)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         probe = LoadedRecipe(recipe=None, path=file, files=files, origins=loaded_origins)  # type: ignore[arg-type]
-        raise RecipeErrors([
+        raise InvalidRecipe([
             RecipeError(*probe.origin(loc)[:1], message, ".".join(map(str, loc)) or None, probe.origin(loc)[1])
             for loc, message in _messages(exc)
         ]) from None
     loaded = LoadedRecipe(recipe=recipe, path=file, files=files, origins=loaded_origins)
     problems = _cross_checks(recipe)
     if problems:
-        raise RecipeErrors([loaded.error(key, msg) for key, msg in problems])
+        raise InvalidRecipe([loaded.error(key, msg) for key, msg in problems])
     return loaded
 
 

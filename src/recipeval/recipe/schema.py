@@ -53,7 +53,6 @@ Duration = Annotated[float, BeforeValidator(_duration_seconds), Field(gt=0)]
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
 EnvMap = dict[str, EnvValue]
 ArgMap = dict[str, ArgValue]
-Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
 class Strict(BaseModel):

@@ -34,8 +34,8 @@ from recipeval.recipe.schema import BenchStage
 from recipeval.result import Check, StageResult, now_iso
 from recipeval.stages.common import (
     Judgement,
-    RunOutcome,
     StageRequest,
+    StageRun,
     execute,
     finish,
     gate_block,
@@ -152,7 +152,7 @@ def _metric_for(key: str, columns: list[str]) -> str | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def judge(outcome: RunOutcome, options: BenchStage, expect: dict[str, float],
+def judge(outcome: StageRun, options: BenchStage, expect: dict[str, float],
           watcher: BenchWatcher | None) -> tuple[Judgement, dict[str, SteadyEstimate]]:
     rule = stopping_rule(options)
     steps = outcome.steps
@@ -202,7 +202,7 @@ def judge(outcome: RunOutcome, options: BenchStage, expect: dict[str, float],
     return Judgement(checks=checks, summary=summary, message=message), estimates
 
 
-def _stop_reason(outcome: RunOutcome, watcher: BenchWatcher | None) -> str:
+def _stop_reason(outcome: StageRun, watcher: BenchWatcher | None) -> str:
     if outcome.run is None:
         return "judged from a log"
     if outcome.run.stopped and watcher is not None and watcher.decision is not None:

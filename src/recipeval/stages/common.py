@@ -66,7 +66,7 @@ class StageRequest:
 
 
 @dataclass
-class RunOutcome:
+class StageRun:
     """What a judge sees: the resolved recipe, how the run ended (None when judged from an
     existing log) and the parsed log."""
 
@@ -96,7 +96,7 @@ class Judgement:
     message: str = ""
 
 
-Judge = Callable[[RunOutcome], Judgement]
+Judge = Callable[[StageRun], Judgement]
 
 
 class LogSink:
@@ -168,7 +168,7 @@ def execute(
     launch: Launch,
     log_path: Path,
     on_steps: OnSteps | None = None,
-) -> RunOutcome:
+) -> StageRun:
     """Run the launch (or read request.from_log), streaming into log_path and the parser."""
     secrets = secret_values({**os.environ, **launch.env})
     stop = threading.Event()
@@ -191,12 +191,12 @@ def execute(
     finally:
         sink.close()
     failure = failure or sink.callback_error
-    return RunOutcome(resolved, launch, run, sink.parsed(), log_path, list(sink.tail),
+    return StageRun(resolved, launch, run, sink.parsed(), log_path, list(sink.tail),
                       runner_name, failure, info)
 
 
 def _from_log(request: StageRequest, resolved: Resolved, launch: Launch, log_path: Path,
-              secrets: list[str]) -> RunOutcome:
+              secrets: list[str]) -> StageRun:
     source = request.from_log
     assert source is not None
     if not source.is_file():
@@ -211,7 +211,7 @@ def _from_log(request: StageRequest, resolved: Resolved, launch: Launch, log_pat
         sink.close()
     # Written aside, then moved: the given log may be the stage log itself.
     shutil.move(sink.file.name, log_path)
-    return RunOutcome(resolved, launch, None, sink.parsed(), log_path, list(sink.tail), None)
+    return StageRun(resolved, launch, None, sink.parsed(), log_path, list(sink.tail), None)
 
 
 def finish(
@@ -295,7 +295,7 @@ def run_stage(request: StageRequest, judge: Judge, on_steps: OnSteps | None = No
     return finish(request, judgement, started, outcome.steps)
 
 
-def run_summary(outcome: RunOutcome, stage_wall_s: float) -> dict[str, Any]:
+def run_summary(outcome: StageRun, stage_wall_s: float) -> dict[str, Any]:
     run = outcome.run
     return {
         "runner": outcome.runner or "from-log",
@@ -309,7 +309,7 @@ def run_summary(outcome: RunOutcome, stage_wall_s: float) -> dict[str, Any]:
     }
 
 
-def run_failure(outcome: RunOutcome) -> str | None:
+def run_failure(outcome: StageRun) -> str | None:
     """Why the run cannot be judged (crash, timeout, runner trouble), with the log's last
     lines; None when it ended cleanly or was stopped on request."""
     run = outcome.run

@@ -55,8 +55,8 @@ from recipeval.result import Check, StageResult, now_iso
 from recipeval.runners import default_runner_name
 from recipeval.stages.common import (
     Judgement,
-    RunOutcome,
     StageRequest,
+    StageRun,
     execute,
     finish,
     gate_block,
@@ -197,7 +197,7 @@ def rescore(request: StageRequest, runs: list[VariantRun], reference: str | None
         source.unlink(missing_ok=True)
 
 
-def _failure(outcome: RunOutcome) -> str | None:
+def _failure(outcome: StageRun) -> str | None:
     failure = run_failure(outcome)
     if failure is None and outcome.steps.empty:
         failure = f"the run logged no rollout; last log lines:\n{outcome.tail_text()}"

@@ -12,8 +12,8 @@ import pandas as pd
 from recipeval.result import Check, StageResult
 from recipeval.stages.common import (
     Judgement,
-    RunOutcome,
     StageRequest,
+    StageRun,
     resolve_and_render,
     run_failure,
     run_stage,
@@ -80,7 +80,7 @@ def step0_check(steps: pd.DataFrame, check_id: str, column: str, limit: float) -
     )
 
 
-def judge(outcome: RunOutcome, expected: int) -> Judgement:
+def judge(outcome: StageRun, expected: int) -> Judgement:
     steps = outcome.steps
     failure = run_failure(outcome)
     trained = trained_rollouts(steps)

@@ -45,7 +45,7 @@ class PublishOutputs:
 
 
 @dataclass
-class PublishOutcome:
+class PublishReport:
     records: list[RunRecord]
     verdicts: dict[str, RecipeVerdict]
     added_to_history: int
@@ -76,7 +76,7 @@ def _stage_results(inputs: list[Path]) -> dict[str, list[StageResult]]:
     return dict(sorted(grouped.items()))
 
 
-def verdict_document(outcome: PublishOutcome, generated: str) -> dict:
+def verdict_document(outcome: PublishReport, generated: str) -> dict:
     return {
         "generated": generated,
         "ok": outcome.ok,
@@ -86,13 +86,13 @@ def verdict_document(outcome: PublishOutcome, generated: str) -> dict:
 
 def publish(
     inputs: list[Path], out: PublishOutputs, settings: RegressionSettings, plots: bool = True
-) -> PublishOutcome:
+) -> PublishReport:
     grouped = _stage_results(inputs)
     records = [build_record(results) for results in grouped.values()]
     added = sum(history.append(out.history, rec) for rec in records)
     runs = history.load(out.history)
     verdicts = {rec.run_id: judge_run(rec, runs, settings) for rec in records}
-    outcome = PublishOutcome(records, verdicts, added)
+    outcome = PublishReport(records, verdicts, added)
     generated = now_iso()
     frame = tables.table(records, verdicts)
     history_frame = history.to_frame(runs)
@@ -110,7 +110,7 @@ def publish(
     return outcome
 
 
-def summary_lines(outcome: PublishOutcome) -> list[str]:
+def summary_lines(outcome: PublishReport) -> list[str]:
     """What a terminal or a CI log shows: one line per recipe, then what changed."""
     lines = []
     for verdict in outcome.verdicts.values():

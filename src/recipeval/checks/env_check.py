@@ -11,7 +11,7 @@ from typing import Any
 from recipeval.checks import context, layout, memory, rules
 from recipeval.checks.sglang_flags import FlagChecker, FlagReport, flag_checks, sglang_words
 from recipeval.checks.subject import Subject
-from recipeval.recipe import STAGES, LoadedRecipe, RecipeErrors, load_recipe
+from recipeval.recipe import STAGES, InvalidRecipe, LoadedRecipe, load_recipe
 from recipeval.result import (
     Check,
     Provenance,
@@ -28,7 +28,7 @@ UNJUDGED = {"megatron.available", "sglang.flags", "rules.file"}
 
 
 @dataclass
-class Outcome:
+class EnvCheckReport:
     results: list[StageResult] = field(default_factory=list)
     bad_input: list[str] = field(default_factory=list)
 
@@ -48,7 +48,7 @@ def load_all(paths: list[Path], stage: str | None) -> tuple[list[LoadedRecipe], 
     for path in paths:
         try:
             loaded.append(load_recipe(path))
-        except RecipeErrors as errs:
+        except InvalidRecipe as errs:
             bad.extend(str(e) for e in errs.errors)
     return loaded, bad
 
@@ -166,7 +166,7 @@ def env_check(
     static: bool = True,
     stage: str | None = None,
     found: dict[str, Any] | None = None,
-) -> Outcome:
+) -> EnvCheckReport:
     """Check every recipe; `found` is a probe already taken (else one is taken when not static)."""
     started = now_iso()
     # SGLang's worker starts before anything else: its import is the longest single step and
@@ -178,7 +178,7 @@ def env_check(
     except BaseException:
         checker.close()
         raise
-    outcome = Outcome(bad_input=bad)
+    outcome = EnvCheckReport(bad_input=bad)
     subjects = [Subject.of(item, stage or STAGE) for item in loaded]
     validators, flags = _prepare(subjects, checker)
     if not static and found is None and subjects:
@@ -234,7 +234,7 @@ def report_lines(result: StageResult) -> list[str]:
     return lines
 
 
-def write_outputs(outcome: Outcome, out: Path) -> list[Path]:
+def write_outputs(outcome: EnvCheckReport, out: Path) -> list[Path]:
     paths = output_paths(outcome.results, out)
     for result, path in zip(outcome.results, paths):
         log = path.with_suffix(".log")
@@ -247,7 +247,7 @@ def write_outputs(outcome: Outcome, out: Path) -> list[Path]:
     return paths
 
 
-def exit_code(outcome: Outcome, exit_zero: bool) -> int:
+def exit_code(outcome: EnvCheckReport, exit_zero: bool) -> int:
     """0 pass, 1 an error-severity check failed, 2 unusable input, 3 could not judge."""
     if outcome.bad_input:
         return 2
