@@ -153,3 +153,20 @@ def test_reference_recipe_shell_form_exports_env(cli, tmp_path):
     proc = cli("render", str(recipe))
     assert proc.returncode == 0, proc.stderr
     assert "export HOSTILE='$(reboot)'" in proc.stdout
+
+
+def test_every_recipe_engine_has_a_registered_engine():
+    """The schema's engine names and the registry agree: a recipe can name no engine that
+    recipeval cannot render, and an unknown name is a clear KeyError."""
+    import typing
+
+    import pytest
+
+    from recipeval.engines import ENGINES, engine_for
+    from recipeval.recipe.schema import Recipe
+
+    assert set(typing.get_args(Recipe.model_fields["engine"].annotation)) == set(ENGINES)
+    assert engine_for("reference").token_dumps and engine_for("reference").rescoring
+    assert not engine_for("miles").token_dumps and engine_for("miles").trainer_stack_checks
+    with pytest.raises(KeyError, match="choose one of"):
+        engine_for("nemo")

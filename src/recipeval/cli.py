@@ -249,16 +249,17 @@ def parse_log(
     engine: Annotated[str, typer.Option("--engine", help="log format: miles (also the reference engine's)")] = "miles",
 ) -> None:
     """Read a training log into a step table (one row per rollout id)."""
-    from recipeval.engines.miles.logparse import parse_log as parse
+    from recipeval.engines import ENGINES
     from recipeval.engines.miles.logparse import write_steps
+    from recipeval.stages.common import read_log
 
-    if engine not in ("miles", "reference"):
-        _die(f"--engine {engine!r}: only the miles log format is known (miles, reference)")
+    if engine not in ENGINES:
+        _die(f"--engine {engine!r} is not an engine; choose one of: {', '.join(ENGINES)}")
     if out.suffix not in (".csv", ".parquet"):
         _die(f"--out {out}: name a .csv or .parquet file")
     if not log.is_file():
         _die(f"{log}: no such log file")
-    parsed = parse(log)
+    parsed = read_log(ENGINES[engine].parser(None), log)
     write_steps(parsed.steps, out)
     print(f"{out}: {len(parsed.steps)} rollouts, {len(parsed.steps.columns)} columns, "
           f"{parsed.lines} lines read, {parsed.malformed_count} malformed metric lines skipped")

@@ -58,10 +58,10 @@ def _prepare(
 ) -> tuple[_Validators, dict[int, dict[str, list[str]]]]:
     """Import megatron-core while SGLang's worker imports, then collect SGLang's verdicts."""
     validators = _Validators()
-    miles = [i for i, s in enumerate(subjects) if s.recipe.engine == "miles"]
-    flags = {i: sglang_words(subjects[i].args) for i in miles}
+    stack = [i for i, s in enumerate(subjects) if s.engine.trainer_stack_checks]
+    flags = {i: sglang_words(subjects[i].args) for i in stack}
     try:
-        if miles:
+        if stack:
             start = time.perf_counter()
             try:
                 validators.megatron = layout.load_megatron()
@@ -86,7 +86,7 @@ def static_checks(
     subject: Subject, validators: _Validators, flags: dict[str, list[str]] | None, index: int
 ) -> list[Check]:
     checks = layout.arithmetic_checks(subject)
-    if subject.recipe.engine == "miles":
+    if subject.engine.trainer_stack_checks:
         if validators.megatron is not None:
             checks += layout.megatron_checks(subject, validators.megatron)
         else:
@@ -108,7 +108,7 @@ def static_checks(
     checks += context.context_checks(subject)
     checks += context.batch_checks(subject)
     global_batch = context.global_batch(subject)
-    if validators.megatron is not None and subject.recipe.engine == "miles" and global_batch:
+    if validators.megatron is not None and subject.engine.trainer_stack_checks and global_batch:
         micro = layout.microbatch_check(subject, validators.megatron, global_batch)
         if micro is not None:
             checks.append(micro)

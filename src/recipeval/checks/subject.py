@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from recipeval.engines import Engine, engine_for
 from recipeval.recipe import LoadedRecipe, Resolved, resolve
 from recipeval.result import Check, Severity
 
@@ -23,6 +24,10 @@ class Subject:
     @property
     def recipe(self):  # -> Recipe
         return self.loaded.recipe
+
+    @property
+    def engine(self) -> Engine:
+        return engine_for(self.recipe.engine)
 
     @property
     def stage(self) -> str | None:

@@ -22,9 +22,10 @@ from typing import Any
 
 import pandas as pd
 
-from recipeval.engines import render
+from recipeval.engines import engine_for, render
+from recipeval.engines.base import LogParser
 from recipeval.engines.launch import Launch
-from recipeval.engines.miles.logparse import MilesLogParser, ParsedLog, write_steps
+from recipeval.engines.miles.logparse import ParsedLog, write_steps
 from recipeval.errors import RecipeError, SettingError, UsageError
 from recipeval.recipe import LoadedRecipe, Resolved, resolve
 from recipeval.result import (
@@ -103,12 +104,12 @@ class LogSink:
     """Writes each line (secrets scrubbed) to the stage log, feeds the parser, keeps the last
     lines for error messages, and calls on_steps when the step table changed."""
 
-    def __init__(self, path: Path, secrets: list[str], on_steps: OnSteps | None,
-                 stop: threading.Event) -> None:
+    def __init__(self, path: Path, secrets: list[str], parser: LogParser,
+                 on_steps: OnSteps | None, stop: threading.Event) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self.secrets = secrets
-        self.parser = MilesLogParser()
+        self.parser = parser
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.on_steps = on_steps
         self.stop = stop
@@ -129,10 +130,22 @@ class LogSink:
             self.stop.set()
 
     def parsed(self) -> ParsedLog:
-        return ParsedLog(self.parser.table(), self.parser.lines, self.parser.malformed)
+        return parsed_log(self.parser)
 
     def close(self) -> None:
         self.file.close()
+
+
+def parsed_log(parser: LogParser) -> ParsedLog:
+    return ParsedLog(parser.table(), parser.lines, list(parser.malformed))
+
+
+def read_log(parser: LogParser, path: Path) -> ParsedLog:
+    """Feed a whole log file to `parser`; undecodable bytes are replaced, never fatal."""
+    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+        for line in fh:
+            parser.feed(line)
+    return parsed_log(parser)
 
 
 def gate_block(request: StageRequest) -> tuple[str, StageResult] | None:
@@ -174,7 +187,7 @@ def execute(
     stop = threading.Event()
     if request.from_log is not None:
         return _from_log(request, resolved, launch, log_path, secrets)
-    sink = LogSink(log_path, secrets, on_steps, stop)
+    sink = LogSink(log_path, secrets, engine_for(resolved.recipe.engine).parser(resolved), on_steps, stop)
     runner_name = request.runner or default_runner_name()
     timeout = request.timeout or (resolved.options.timeout if resolved.options else None)
     run: RunResult | None = None
@@ -201,8 +214,8 @@ def _from_log(request: StageRequest, resolved: Resolved, launch: Launch, log_pat
     assert source is not None
     if not source.is_file():
         raise UsageError(f"--from-log {source}: no such file")
-    sink = LogSink(log_path.with_name(f".{log_path.name}.{os.getpid()}.tmp"), secrets, None,
-                   threading.Event())
+    sink = LogSink(log_path.with_name(f".{log_path.name}.{os.getpid()}.tmp"), secrets,
+                   engine_for(resolved.recipe.engine).parser(resolved), None, threading.Event())
     try:
         with open(source, encoding="utf-8", errors="replace", newline="") as fh:
             for line in fh:

@@ -47,8 +47,8 @@ import pandas as pd
 from scipy import stats
 
 from recipeval.analysis import logprob as lp
-from recipeval.engines import render
-from recipeval.engines.miles.logparse import parse_lines, write_steps
+from recipeval.engines import engine_for, render
+from recipeval.engines.miles.logparse import write_steps
 from recipeval.errors import RecipeError, UsageError
 from recipeval.recipe import resolve
 from recipeval.result import Check, StageResult, now_iso
@@ -155,10 +155,11 @@ def run_variant(request: StageRequest, name: str | None, score_tokens: Path | No
         raise RecipeError(request.loaded.path, str(err.args[0])) from None
     kind = "rescored" if score_tokens else "tokens"
     dump = request.out / f".{STAGE}.{file_safe(label)}.{kind}.parquet"
-    if resolved.recipe.engine == "reference":
-        extra = {"dump-logprobs": str(dump)}
-        if score_tokens:
-            extra |= {"score-tokens": str(score_tokens), "num-rollout": 1}
+    engine = engine_for(resolved.recipe.engine)
+    if engine.dump_args is not None:
+        extra = engine.dump_args(dump)
+        if score_tokens and engine.rescore_args is not None:
+            extra |= engine.rescore_args(score_tokens)
         resolved = dataclasses.replace(resolved, args={**resolved.args, **extra})
     dump.unlink(missing_ok=True)
     log_path = request.out / f".{STAGE}.{file_safe(label)}.{kind}.log"
@@ -176,7 +177,7 @@ def rescore(request: StageRequest, runs: list[VariantRun], reference: str | None
     """Each other variant's rollout path on the reference variant's first-rollout tokens, where
     the engine can score a dump (the reference engine); sets `rescored` on each such run."""
     ref = next((r for r in runs if r.name == reference), None)
-    if request.loaded.recipe.engine != "reference" or ref is None or ref.tokens is None:
+    if not engine_for(request.loaded.recipe.engine).rescoring or ref is None or ref.tokens is None:
         return
     recipe = request.loaded.recipe
     prompts = {key: resolve(recipe, STAGE, ref.name).args.get(key) for key in SAME_PROMPTS}
@@ -233,8 +234,13 @@ def from_log(request: StageRequest, names: list[str | None]) -> list[VariantRun]
     paths = {kind: source.with_name(f"{source.stem}.{kind}.parquet") for kind in ("tokens", "rescored")}
     tables = {kind: pd.read_parquet(path) for kind, path in paths.items() if path.is_file()}
     runs = []
+    recipe = request.loaded.recipe
+    engine = engine_for(recipe.engine)
     for name, part in split_log(lines, names).items():
-        steps = parse_lines(part).steps
+        parser = engine.parser(resolve(recipe, STAGE, name if name in recipe.stages.logprob_diff.variants else None))
+        for line in part:
+            parser.feed(line)
+        steps = parser.table()
         mine = {kind: _variant_rows(table, name) for kind, table in tables.items()}
         failure = None if len(steps) else f"variant {name}: the log holds no rollout"
         runs.append(VariantRun(name, steps, mine.get("tokens"), part, failure, mine.get("rescored")))

@@ -1,1 +1,22 @@
 """miles (Megatron + SGLang + Ray): render its launch, parse its logs."""
+
+from __future__ import annotations
+
+from recipeval.engines.base import Engine
+from recipeval.engines.miles.logparse import MilesLogParser
+from recipeval.engines.miles.render import render
+from recipeval.recipe.resolve import Resolved
+
+
+def log_parser(resolved: Resolved | None) -> MilesLogParser:
+    """miles' log format; the reference engine writes the same one."""
+    return MilesLogParser()
+
+
+ENGINE = Engine(
+    name="miles",
+    render=render,
+    parser=log_parser,
+    trainer_stack_checks=True,
+    packages=("torch", "sglang", "megatron-core", "ray"),
+)
