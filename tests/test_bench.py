@@ -12,9 +12,11 @@ import yaml
 from conftest import TINY_RECIPE
 from runner_jobs import python_launch
 
+from recipeval.exit_codes import exit_code
 from recipeval.recipe import load_recipe
-from recipeval.stages.bench import BenchWatcher, judge, run_bench, stopping_rule
-from recipeval.stages.common import StageRequest, execute, exit_code, resolve_and_render
+from recipeval.stages import driver
+from recipeval.stages.bench import BENCH, BenchWatcher, judge, stopping_rule
+from recipeval.stages.common import StageRequest, execute, resolve_and_render
 
 ROLLOUT, TRAIN = 150.0, 182.0
 
@@ -58,8 +60,8 @@ def run(cli, recipe: Path, out: Path, log: Path, *extra: str):
 def judged(recipe: Path, out: Path, log: Path) -> tuple[int, dict]:
     """In process (the CLI costs seconds of imports per call): exit code and result."""
     request = StageRequest(stage="bench", loaded=load_recipe(recipe), out=out, from_log=log)
-    result = run_bench(request)
-    return exit_code(result, False), json.loads((out / "bench.json").read_text())
+    result = driver.run(BENCH, request)
+    return exit_code([result.status]), json.loads((out / "bench.json").read_text())
 
 
 def test_from_log_finds_the_steady_state_and_meets_expect(cli, tmp_path):

@@ -12,10 +12,10 @@ import pytest
 import yaml
 from conftest import TINY_RECIPE
 
-from recipeval.errors import RecipeError
 from recipeval.recipe import load_recipe
 from recipeval.stages.common import StageRequest
-from recipeval.stages.logprob_diff import marker, run_logprob_diff
+from recipeval.stages.driver import run
+from recipeval.stages.logprob_diff import LOGPROB_DIFF, marker
 
 
 def recipe_with(tmp_path: Path, variants: dict | None = None, thresholds: dict | None = None) -> Path:
@@ -71,7 +71,7 @@ def judged(tmp_path: Path, recipe: Path, runs: dict[str, pd.DataFrame | None],
         pd.concat(tables).to_parquet(src / "logprob_diff.tokens.parquet")
     request = StageRequest(stage="logprob_diff", loaded=load_recipe(recipe), out=tmp_path / "out",
                            from_log=src / "logprob_diff.log")
-    return run_logprob_diff(request)
+    return run(LOGPROB_DIFF, request)
 
 
 def checks_of(result) -> dict:
@@ -156,8 +156,8 @@ def test_cli_contract_and_bad_threshold(cli, tmp_path):
     assert json.loads((out / "logprob_diff.json").read_text())["status"] == "pass"
     assert {"logprob_diff.log", "logprob_diff.steps.parquet"} <= {p.name for p in out.iterdir()}
     bad = recipe_with(tmp_path, thresholds={"mean_abs_dif": 0.1})
-    request = StageRequest(stage="logprob_diff", loaded=load_recipe(bad), out=tmp_path / "bad",
-                           from_log=tmp_path / "prev" / "logprob_diff.log")
-    with pytest.raises(RecipeError, match="stages.logprob_diff.thresholds.mean_abs_dif"):
-        run_logprob_diff(request)  # the CLI prints this one line and exits 2
+    proc = cli("logprob-diff", str(bad), "--out", str(tmp_path / "bad"),
+               "--from-log", str(tmp_path / "prev" / "logprob_diff.log"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "stages.logprob_diff.thresholds.mean_abs_dif: 'mean_abs_dif' is no logprob statistic" in proc.stderr
     assert not (tmp_path / "bad" / "logprob_diff.json").exists()

@@ -13,8 +13,9 @@ import yaml
 from conftest import TINY_RECIPE
 
 from recipeval.recipe import load_recipe
+from recipeval.stages import driver
 from recipeval.stages.common import StageRequest
-from recipeval.stages.logprob_diff import run_logprob_diff
+from recipeval.stages.logprob_diff import LOGPROB_DIFF
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,7 +30,7 @@ def run(tmp_path: Path, variants: dict) -> object:
     recipe.write_text(yaml.safe_dump(raw))
     request = StageRequest(stage="logprob_diff", loaded=load_recipe(recipe), out=tmp_path / "out",
                            runner="local", timeout=600)
-    return run_logprob_diff(request)
+    return driver.run(LOGPROB_DIFF, request)
 
 
 def test_bf16_rollout_is_measurably_worse_than_fp32(tmp_path):
@@ -55,7 +56,7 @@ def test_bf16_rollout_is_measurably_worse_than_fp32(tmp_path):
     assert (f"on {len(sampled)} identical tokens (every token baseline sampled at the first "
             "rollout, re-scored)") in message
     # --from-log re-judges the written log and token tables the same way.
-    again = run_logprob_diff(StageRequest(
+    again = driver.run(LOGPROB_DIFF, StageRequest(
         stage="logprob_diff", loaded=load_recipe(tmp_path / "recipe.yaml"), out=tmp_path / "again",
         from_log=Path(result.artifacts["log"])))
     assert again.summary["pairwise"][0]["identical_tokens"] == same

@@ -6,19 +6,24 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pandas as pd
 import psutil
 import pytest
 import yaml
-from conftest import TINY_RECIPE
+from conftest import TINY_RECIPE, clean_env, interruptible_session, kill_session, run_cli
 from runner_jobs import miles_like_program, python_launch
 
 from recipeval.recipe import load_recipe
 from recipeval.result import read_result
-from recipeval.stages.common import StageRequest, execute, finish, resolve_and_render
+from recipeval.stages.common import StageRequest, execute, resolve_and_render
+from recipeval.stages.driver import finish
 from recipeval.stages.smoke import judge
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
@@ -218,3 +223,32 @@ def test_hostile_recipe_values_reach_the_engine_as_plain_words(cli, tmp_path, ru
     # argparse quotes the value it got: the exact word, not something a shell made of it
     assert f"invalid choice: '\"; touch {marker}1 #'" in log or f"invalid choice: '$(touch {marker}2)'" in log
     assert not list(tmp_path.glob("pwned*"))
+
+
+def test_a_stopped_run_leaves_no_stale_verdict(tmp_path):
+    """A stage removes its previous result before it launches: a run killed half-way (here
+    SIGTERM, as Slurm or Snakemake cancel a job) leaves its partial log and no result, never
+    the last run's `pass` beside the new log."""
+    out = tmp_path / "out"
+    old = run_cli("smoke", str(TINY_RECIPE), "--out", str(out), "--from-log", str(LOGS / "miles_clean.log"))
+    assert old.returncode == 0 and smoke_json(out)["status"] == "pass"
+    (out / "smoke.log").unlink()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "recipeval", "smoke", str(TINY_RECIPE), "--out", str(out),
+         "--runner", "local"],
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=interruptible_session,  # noqa: PLW1509
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "smoke.log").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.5)  # the run is under way
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        kill_session(proc)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert (out / "smoke.log").exists()
+    assert not (out / "smoke.json").exists()

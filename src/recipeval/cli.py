@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -15,6 +16,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from recipeval.errors import RecipeError, SettingError, UsageError
+from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_FAIL
 
 app = typer.Typer(
     name="recipeval",
@@ -24,7 +26,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_ERROR = 0, 1, 2, 3
 
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
 StageOpt = Annotated[
@@ -150,67 +151,61 @@ def stage_request(stage: str, recipe: Path | None, recipe_opt: Path | None, out:
                         require=list(require or []), exit_zero=exit_zero)
 
 
-def stage_exit(result, exit_zero: bool) -> NoReturn:  # result: StageResult
-    """Print the verdict line and exit with the stage's code (0 with --exit-zero)."""
-    from recipeval.stages.common import exit_code
-
-    first_line = result.message.splitlines()[0] if result.message else ""
-    print(f"{result.stage} {result.status}: {result.recipe}" + (f": {first_line}" if first_line else ""))
-    raise typer.Exit(exit_code(result, exit_zero))
-
-
-@app.command()
-def smoke(
-    recipe: StageRecipeArg = None,
-    recipe_opt: RecipeOpt = None,
-    out: OutOpt = None,
-    runner: RunnerOpt = None,
-    from_log: FromLogOpt = None,
-    require: RequireOpt = None,
-    exit_zero: ExitZeroOpt = False,
-) -> None:
-    """Short run with the smoke overlay: clean exit, every rollout logged, finite losses,
-    step-0 invariants. Exit 0 pass, 1 fail, 3 error, 2 bad input."""
-    from recipeval.stages.smoke import run_smoke
-
-    request = stage_request("smoke", recipe, recipe_opt, out, runner, from_log, require, exit_zero)
-    stage_exit(run_smoke(request), exit_zero)
+@dataclass(frozen=True)
+class StageCommand:
+    stage: str
+    module: str  # imported when the command runs: stage modules pull in pandas and scipy
+    attribute: str  # the module's Stage
+    help: str
 
 
-@app.command("logprob-diff")
-def logprob_diff(
-    recipe: StageRecipeArg = None,
-    recipe_opt: RecipeOpt = None,
-    out: OutOpt = None,
-    runner: RunnerOpt = None,
-    from_log: FromLogOpt = None,
-    require: RequireOpt = None,
-    exit_zero: ExitZeroOpt = False,
-) -> None:
-    """Train-vs-rollout logprob statistics per variant, and variant vs variant on identical
-    tokens. Exit 0 pass, 1 fail, 3 error, 2 bad input."""
-    from recipeval.stages.logprob_diff import run_logprob_diff
+# The run stages' commands, from one table. Each takes the same options (the stage command
+# contract), runs through the stage driver and exits with the stage's code.
+STAGE_COMMANDS = {
+    "smoke": StageCommand(
+        "smoke", "recipeval.stages.smoke", "SMOKE",
+        "Short run with the smoke overlay: clean exit, every rollout logged, finite losses, "
+        "step-0 invariants. Exit 0 pass, 1 fail, 3 error, 2 bad input."),
+    "logprob-diff": StageCommand(
+        "logprob_diff", "recipeval.stages.logprob_diff", "LOGPROB_DIFF",
+        "Train-vs-rollout logprob statistics per variant, and variant vs variant on identical "
+        "tokens. Exit 0 pass, 1 fail, 3 error, 2 bad input."),
+    "bench": StageCommand(
+        "bench", "recipeval.stages.bench", "BENCH",
+        "Steady-state benchmark: stops the run once every watched metric's 95 % interval is "
+        "within rel_ci (or at max_steps), compares with expect. Exit 0 pass, 1 fail, 3 error, "
+        "2 bad input."),
+}
 
-    request = stage_request("logprob_diff", recipe, recipe_opt, out, runner, from_log, require, exit_zero)
-    stage_exit(run_logprob_diff(request), exit_zero)
+
+def _stage_command(name: str, command: StageCommand) -> None:
+
+    def run_stage_command(
+        recipe: StageRecipeArg = None,
+        recipe_opt: RecipeOpt = None,
+        out: OutOpt = None,
+        runner: RunnerOpt = None,
+        from_log: FromLogOpt = None,
+        require: RequireOpt = None,
+        exit_zero: ExitZeroOpt = False,
+    ) -> None:
+        import importlib
+
+        from recipeval.exit_codes import exit_code
+        from recipeval.stages.driver import run
+
+        request = stage_request(command.stage, recipe, recipe_opt, out, runner, from_log, require,
+                                exit_zero)
+        result = run(getattr(importlib.import_module(command.module), command.attribute), request)
+        first_line = result.message.splitlines()[0] if result.message else ""
+        print(f"{result.stage} {result.status}: {result.recipe}" + (f": {first_line}" if first_line else ""))
+        raise typer.Exit(exit_code([result.status], exit_zero))
+
+    app.command(name, help=command.help)(run_stage_command)
 
 
-@app.command()
-def bench(
-    recipe: StageRecipeArg = None,
-    recipe_opt: RecipeOpt = None,
-    out: OutOpt = None,
-    runner: RunnerOpt = None,
-    from_log: FromLogOpt = None,
-    require: RequireOpt = None,
-    exit_zero: ExitZeroOpt = False,
-) -> None:
-    """Steady-state benchmark: stops the run once every watched metric's 95 % interval is
-    within rel_ci (or at max_steps), compares with expect. Exit 0 pass, 1 fail, 3 error, 2 bad input."""
-    from recipeval.stages.bench import run_bench
-
-    request = stage_request("bench", recipe, recipe_opt, out, runner, from_log, require, exit_zero)
-    stage_exit(run_bench(request), exit_zero)
+for _name, _command in STAGE_COMMANDS.items():
+    _stage_command(_name, _command)
 
 
 @app.command("env-check")

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from recipeval.atomic import atomic_write_text
+
 Status = Literal["pass", "fail", "error", "skipped"]
 Severity = Literal["error", "warning", "info"]
 
@@ -59,6 +61,11 @@ class StageResult(BaseModel):
     provenance: Provenance
     artifacts: dict[str, str] = Field(default_factory=dict, description="name -> path")
     message: str = ""
+    recipe_facts: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the recipe as the stage ran it (platform, GPUs, layout, values): what "
+        "publish shows, so it never reads recipe files again",
+    )
 
     def failed_checks(self, severity: Severity = "error") -> list[Check]:
         return [c for c in self.checks if not c.ok and c.severity == severity]
@@ -139,12 +146,8 @@ def scrub(text: str, secrets: list[str]) -> str:
 
 def write_result(result: StageResult, path: Path) -> Path:
     """Write atomically (temp file + rename) so a crash never leaves half a JSON behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = scrub(result.model_dump_json(indent=2), secret_values())
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, text + "\n")
 
 
 def read_result(path: Path) -> StageResult:

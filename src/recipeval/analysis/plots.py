@@ -3,7 +3,6 @@ global pyplot state). Each writes atomically and returns the path."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -13,15 +12,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from recipeval.analysis.steady_state import SteadyEstimate
+from recipeval.atomic import atomic_write
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
     FigureCanvasAgg(fig)
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
 
 
 def abs_diff_histogram(abs_diffs: Mapping[str, np.ndarray], path: Path,

@@ -262,10 +262,10 @@ class StopDecision:
 
     def precise(self, metric: str, rule: StoppingRule) -> bool:
         est = self.estimates.get(metric)
-        return est is not None and _is_precise(est, rule)
+        return est is not None and is_precise(est, rule)
 
 
-def _is_precise(est: SteadyEstimate, rule: StoppingRule) -> bool:
+def is_precise(est: SteadyEstimate, rule: StoppingRule) -> bool:
     return est.used >= rule.min_steps and est.interval.rel_width <= rule.rel_ci
 
 
@@ -285,7 +285,7 @@ def decide(
         est = _estimate(_finite(values), metric, rule.confidence, WARMUP_Z,
                         min_steady=0 if final else rule.min_steps)
         estimates[metric] = est
-        all_precise = all_precise and _is_precise(est, rule)
+        all_precise = all_precise and is_precise(est, rule)
     if all_precise:
         return StopDecision(True, "precise", steps, estimates)
     if final:

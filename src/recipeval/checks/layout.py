@@ -88,7 +88,7 @@ def load_megatron() -> Megatron:
 
 def data_parallel_size(subject: Subject) -> int | None:
     p = subject.recipe.parallel
-    model = p.tp * p.pp * p.cp
+    model = p.model_parallel_size
     return subject.recipe.world_size // model if subject.recipe.world_size % model == 0 else None
 
 
@@ -100,7 +100,7 @@ def arithmetic_checks(subject: Subject) -> list[Check]:
     checks: list[Check] = []
     gpus = f"{r.cluster.nodes} nodes x {r.cluster.gpus_per_node} GPUs = {world}"
 
-    model_size = p.tp * p.pp * p.cp
+    model_size = p.model_parallel_size
     checks.append(
         subject.check(
             "layout.world-size",

@@ -4,7 +4,6 @@ metrics, and the plots the stages drew. The HTML page embeds them; a folder of P
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from recipeval.atomic import atomic_write
 from recipeval.publish import plots
 from recipeval.publish.compare import RecipeVerdict
 from recipeval.publish.records import RunRecord
@@ -100,8 +100,5 @@ def write_figures(figures: list[Figure], folder: Path) -> None:
         if not any(group.iterdir()):
             group.rmdir()
     for figure in figures:
-        path = folder / figure.group / f"{figure.name}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(figure.png)
-        os.replace(tmp, path)
+        png = figure.png
+        atomic_write(folder / figure.group / f"{figure.name}.png", lambda tmp, png=png: tmp.write_bytes(png))

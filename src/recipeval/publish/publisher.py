@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from recipeval.analysis.regression import RegressionSettings
+from recipeval.atomic import atomic_write_text
 from recipeval.publish import history, tables
 from recipeval.publish.compare import RecipeVerdict, judge_run
 from recipeval.publish.figures import all_figures, write_figures
@@ -55,13 +55,6 @@ class PublishReport:
         return not any(v.status in BAD for v in self.verdicts.values())
 
 
-def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _stage_results(inputs: list[Path]) -> dict[str, list[StageResult]]:
     for path in inputs:
         if not path.exists():
@@ -96,17 +89,17 @@ def publish(
     generated = now_iso()
     frame = tables.table(records, verdicts)
     history_frame = history.to_frame(runs)
-    _write_text(out.tables / "benchmarks.md", tables.to_markdown(frame))
-    _write_text(out.tables / "benchmarks.csv", frame.to_csv(index=False))
+    atomic_write_text(out.tables / "benchmarks.md", tables.to_markdown(frame))
+    atomic_write_text(out.tables / "benchmarks.csv", frame.to_csv(index=False))
     figures = None
     if plots:
         stage_results = [r for results in grouped.values() for r in results]
         figures = all_figures(records, verdicts, history_frame, stage_results)
         write_figures(figures, out.plots)
-    _write_text(out.tables / "benchmarks.html", render_page(records, verdicts, frame, generated, figures))
+    atomic_write_text(out.tables / "benchmarks.html", render_page(records, verdicts, frame, generated, figures))
     history.write_parquet(runs, out.history / history.PARQUET_NAME)
     write_junit(records, verdicts, out.junit)
-    _write_text(out.verdict, json.dumps(verdict_document(outcome, generated), indent=1, default=str) + "\n")
+    atomic_write_text(out.verdict, json.dumps(verdict_document(outcome, generated), indent=1, default=str) + "\n")
     return outcome
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from recipeval.errors import RecipeError
-from recipeval.recipe.schema import Recipe
+from recipeval.recipe.schema import STAGES, Recipe
 from recipeval.recipe.yamlfile import KeyPath, Origin, read_yaml_mapping
 
 # Flags that `render` derives from structured keys; setting them in `args` would let the two
@@ -189,13 +189,8 @@ def _cross_checks(recipe: Recipe) -> list[tuple[str, str]]:
             "model.kv_heads",
             f"attention_heads ({model.attention_heads}) must be a multiple of kv_heads ({model.kv_heads})",
         ))
-    bench = recipe.stages.bench
-    if bench.min_steps > bench.max_steps:
-        problems.append(
-            ("stages.bench.min_steps", f"min_steps ({bench.min_steps}) exceeds max_steps ({bench.max_steps})")
-        )
     arg_maps = [("args", recipe.args), ("model.args", recipe.model.args)]
-    for stage in ("env_check", "smoke", "logprob_diff", "bench"):
+    for stage in STAGES:
         options = getattr(recipe.stages, stage)
         arg_maps.append((f"stages.{stage}.args", options.args))
     for name, variant in recipe.stages.logprob_diff.variants.items():

@@ -27,23 +27,22 @@ from recipeval.analysis.steady_state import (
     StopDecision,
     StoppingRule,
     decide,
+    is_precise,
     steady_state,
 )
 from recipeval.engines.miles.logparse import CYCLE_TIME, ROLLOUT_ID
 from recipeval.recipe.schema import BenchStage
-from recipeval.result import Check, StageResult, now_iso
+from recipeval.result import Check
 from recipeval.stages.common import (
     Judgement,
     StageRequest,
     StageRun,
     execute,
-    finish,
-    gate_block,
     resolve_and_render,
     run_failure,
     run_summary,
-    skipped,
 )
+from recipeval.stages.driver import Stage, Verdict
 
 STAGE = "bench"
 TOKENS_PER_GPU = "perf/tokens_per_gpu_per_sec"
@@ -105,7 +104,7 @@ def _fmt(value: float) -> str:
 
 def precision_check(est: SteadyEstimate, rule: StoppingRule, on_max_steps: str) -> Check:
     iv = est.interval
-    ok = est.used >= rule.min_steps and iv.rel_width <= rule.rel_ci
+    ok = is_precise(est, rule)
     odd = f", {len(est.odd)} odd step(s) left out" if est.odd else ""
     where = (f"{_fmt(iv.estimate)} [{_fmt(iv.low)}, {_fmt(iv.high)}] over {est.used} steady "
              f"steps after {est.warmup} warm-up{odd}")
@@ -227,24 +226,22 @@ def _plot(request: StageRequest, steps: pd.DataFrame, metrics: list[str],
     return {"plot": str(step_time_plot(series, estimates, request.artifact(".steps.png")))}
 
 
-def run_bench(request: StageRequest) -> StageResult:
-    """Bad input (recipe, usage) raises before anything is written."""
-    if request.stage != STAGE:
-        raise ValueError(f"run_bench got a {request.stage} request")
-    blocked = gate_block(request)
-    if blocked is not None:
-        return skipped(request, *blocked)
+def execute_bench(request: StageRequest) -> Verdict:
+    """Run the bench overlay with the stopping rule watching (not when judging a log)."""
     resolved, launch = resolve_and_render(request)
     options = request.loaded.recipe.stages.bench
     watcher = None if request.from_log else BenchWatcher(list(options.metrics), stopping_rule(options))
-    started = now_iso()
-    clock = time.monotonic()
     outcome = execute(request, resolved, launch, request.artifact(".log"), watcher)
     expect = dict(request.loaded.recipe.expect.get("bench", {}))
     judgement, estimates = judge(outcome, options, expect, watcher)
-    judgement.summary = {**run_summary(outcome, time.monotonic() - clock), **judgement.summary}
     artifacts = _plot(request, outcome.steps, list(options.metrics), estimates)
-    return finish(request, judgement, started, outcome.steps, artifacts)
+    return Verdict(judgement, outcome.steps, artifacts, run_summary(outcome))
 
 
-__all__ = ["STAGE", "BenchWatcher", "judge", "run_bench", "watched_series"]
+BENCH = Stage(
+    name=STAGE,
+    execute=execute_bench,
+)
+
+
+__all__ = ["BENCH", "STAGE", "BenchWatcher", "judge", "watched_series"]

@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,26 +45,19 @@ import pandas as pd
 from scipy import stats
 
 from recipeval.analysis import logprob as lp
+from recipeval.atomic import atomic_write_text
 from recipeval.engines import engine_for, render
 from recipeval.engines.miles.logparse import write_steps
-from recipeval.errors import RecipeError, UsageError
+from recipeval.errors import RecipeError
 from recipeval.recipe import resolve
-from recipeval.result import Check, StageResult, now_iso
+from recipeval.recipe.schema import ABS_DIFF_CUTOFF
+from recipeval.result import Check
 from recipeval.runners import default_runner_name
-from recipeval.stages.common import (
-    Judgement,
-    StageRequest,
-    StageRun,
-    execute,
-    finish,
-    gate_block,
-    run_failure,
-    skipped,
-)
+from recipeval.stages.common import Judgement, StageRequest, StageRun, execute, run_failure
+from recipeval.stages.driver import Stage, Verdict
 
 STAGE = "logprob_diff"
 REFERENCE_NAME = "baseline"
-CUTOFF_KEY = "abs_diff_cutoff"
 # miles' history band for train_rollout_logprob_abs_diff, applied along one run.
 GROWTH_RELATIVE, GROWTH_FLOOR = 0.5, 0.02
 MARKER = re.compile(r"^=== recipeval logprob_diff variant (?P<name>.+) ===$")
@@ -75,10 +66,6 @@ SAME_PROMPTS = ("seed", "rollout-batch-size", "n-samples-per-prompt", "rollout-m
 # The re-scoring runs' logs follow this marker; judging a log leaves them out.
 RESCORE_MARKER = re.compile(r"^=== recipeval logprob_diff rescoring .+ ===$")
 WORST_ROLLOUT_CHECKS = ("token_mult_prob_error", "prob_abs_diff_mean")
-# Statistics a recipe may put a limit on (counts and settings are not statistics).
-_NOT_LIMITS = {"tokens", "samples", "steps", "abs_diff_cutoff"}
-TOKEN_STATS = {f.name for f in dataclasses.fields(lp.DiffStats)} - _NOT_LIMITS
-SCALAR_STATS = {f.name for f in dataclasses.fields(lp.ScalarStats)} - _NOT_LIMITS
 
 
 def marker(name: str) -> str:
@@ -128,17 +115,9 @@ def variant_names(request: StageRequest) -> tuple[list[str | None], str | None]:
 
 
 def thresholds(request: StageRequest) -> tuple[dict[str, tuple[float, str]], float]:
-    """Defaults with the recipe's overrides; unknown statistic names are bad input."""
+    """Defaults with the recipe's overrides (the schema has checked their names)."""
     given = dict(request.loaded.recipe.stages.logprob_diff.thresholds)
-    cutoff = float(given.pop(CUTOFF_KEY, lp.DEFAULT_ABS_DIFF_CUTOFF))
-    known = TOKEN_STATS | SCALAR_STATS | {"rollout_growth"}
-    for key in given:
-        if key not in known:
-            raise request.loaded.error(
-                f"stages.logprob_diff.thresholds.{key}",
-                f"{key!r} is no logprob statistic; use one of: {', '.join(sorted(known))} "
-                f"(or {CUTOFF_KEY})",
-            )
+    cutoff = float(given.pop(ABS_DIFF_CUTOFF, lp.DEFAULT_ABS_DIFF_CUTOFF))
     return lp.thresholds_with(given), cutoff
 
 
@@ -228,8 +207,6 @@ def split_log(lines: list[str], names: list[str | None]) -> dict[str, list[str]]
 def from_log(request: StageRequest, names: list[str | None]) -> list[VariantRun]:
     source = request.from_log
     assert source is not None
-    if not source.is_file():
-        raise UsageError(f"--from-log {source}: no such file")
     lines = source.read_text(encoding="utf-8", errors="replace").splitlines()
     paths = {kind: source.with_name(f"{source.stem}.{kind}.parquet") for kind in ("tokens", "rescored")}
     tables = {kind: pd.read_parquet(path) for kind, path in paths.items() if path.is_file()}
@@ -430,9 +407,7 @@ def write_outputs(request: StageRequest, runs: list[VariantRun],
     log_path = request.artifact(".log")
     if request.from_log is None or request.from_log.resolve() != log_path.resolve():
         text = "\n".join(line for r in runs for line in [marker(r.name), *r.log_lines, *r.rescore_log]) + "\n"
-        tmp = log_path.with_name(f".{log_path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, log_path)
+        atomic_write_text(log_path, text)
     steps = pd.concat([r.steps.assign(variant=r.name) for r in runs], ignore_index=True)
     artifacts: dict[str, str] = {}
     for kind in ("tokens", "rescored"):
@@ -451,17 +426,11 @@ def write_outputs(request: StageRequest, runs: list[VariantRun],
     return steps, artifacts
 
 
-def run_logprob_diff(request: StageRequest) -> StageResult:
-    """Bad input (recipe, usage) raises before anything is written."""
-    if request.stage != STAGE:
-        raise ValueError(f"run_logprob_diff got a {request.stage} request")
+def execute_logprob_diff(request: StageRequest) -> Verdict:
+    """Each variant's run (or their parts of --from-log), the re-scoring runs, the verdicts."""
     limits, cutoff = thresholds(request)
     names, reference = variant_names(request)
-    blocked = gate_block(request)
-    if blocked is not None:
-        return skipped(request, *blocked)
-    started = now_iso()
-    clock = time.monotonic()
+    assert request.out is not None
     request.out.mkdir(parents=True, exist_ok=True)
     if request.from_log is not None:
         runs = from_log(request, names)
@@ -471,9 +440,13 @@ def run_logprob_diff(request: StageRequest) -> StageResult:
     judgement, verdicts = judge_all(runs, reference, limits, cutoff)
     steps, artifacts = write_outputs(request, runs, verdicts, cutoff)
     runner = "from-log" if request.from_log else request.runner or default_runner_name()
-    judgement.summary = {"runner": runner,
-                         "stage_wall_s": round(time.monotonic() - clock, 3), **judgement.summary}
-    return finish(request, judgement, started, steps, artifacts)
+    return Verdict(judgement, steps, artifacts, {"runner": runner})
 
 
-__all__ = ["STAGE", "compare", "judge_all", "judge_variant", "run_logprob_diff", "split_log"]
+LOGPROB_DIFF = Stage(
+    name=STAGE,
+    execute=execute_logprob_diff,
+)
+
+
+__all__ = ["LOGPROB_DIFF", "STAGE", "compare", "judge_all", "judge_variant", "split_log"]

@@ -9,15 +9,10 @@ import math
 
 import pandas as pd
 
-from recipeval.result import Check, StageResult
-from recipeval.stages.common import (
-    Judgement,
-    StageRequest,
-    StageRun,
-    resolve_and_render,
-    run_failure,
-    run_stage,
-)
+from recipeval.recipe import Resolved
+from recipeval.result import Check
+from recipeval.stages.common import Judgement, StageRequest, StageRun, run_failure
+from recipeval.stages.driver import Stage, launch_once
 
 STAGE = "smoke"
 # Step 0 is computed on the policy that sampled the rollout: the ratio is exactly 1 up to
@@ -27,15 +22,9 @@ STEP0_CLIPFRAC_MAX = 1e-6
 PY_TRACEBACK = "Traceback (most recent call last):"
 
 
-def expected_rollouts(request: StageRequest) -> int:
-    resolved, _ = resolve_and_render(request)
-    value = resolved.arg("num-rollout")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise request.loaded.error(
-            "stages.smoke.args.num-rollout",
-            "the smoke stage needs a positive integer num-rollout (set it in the smoke overlay)",
-        )
-    return value
+def expected_rollouts(resolved: Resolved) -> int:
+    """The smoke overlay's num-rollout (the recipe schema holds it to a positive integer)."""
+    return int(resolved.arg("num-rollout"))
 
 
 def _column(steps: pd.DataFrame, name: str) -> pd.Series | None:
@@ -128,12 +117,14 @@ def judge(outcome: StageRun, expected: int) -> Judgement:
     return Judgement(checks=checks, summary=summary, error=failure)
 
 
-def run_smoke(request: StageRequest) -> StageResult:
-    """Bad input (recipe, usage) raises before anything is written."""
-    if request.stage != STAGE:
-        raise ValueError(f"run_smoke got a {request.stage} request")
-    expected = expected_rollouts(request)
-    return run_stage(request, lambda outcome: judge(outcome, expected))
+def _judge_run(request: StageRequest, outcome: StageRun) -> Judgement:
+    return judge(outcome, expected_rollouts(outcome.resolved))
 
 
-__all__ = ["STAGE", "judge", "run_smoke"]
+SMOKE = Stage(
+    name=STAGE,
+    execute=launch_once(_judge_run),
+)
+
+
+__all__ = ["SMOKE", "STAGE", "judge"]
