@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from recipeval.recipe import load_recipe
+from recipeval.recipe import load_recipe, resolve
+from recipeval.recipe.facts import recipe_facts
 from recipeval.result import Check, Provenance, StageResult, write_result
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,6 +27,7 @@ def stage_result(
     return StageResult(
         stage=stage, recipe=loaded.recipe.name, status=status, checks=checks or [],
         summary=summary or {}, message=message,
+        recipe_facts=recipe_facts(resolve(loaded.recipe, stage)),
         provenance=Provenance(
             recipe=loaded.recipe.name, recipe_path=str(recipe_path), recipe_sha256=loaded.sha256,
             stage=stage, host="node01", started=when.isoformat(timespec="seconds"),

@@ -103,6 +103,22 @@ def test_tables_show_gate_failure_and_reason(tmp_path: Path) -> None:
     assert not outcome.ok
 
 
+def test_publish_reads_only_the_results_not_the_recipe_files(tmp_path: Path) -> None:
+    """The recipe facts come from the results (taken when the stages ran): a recipe file that
+    has since changed, or is gone, changes nothing in the table."""
+    recipe = tmp_path / "recipes" / "amd" / AMD_RECIPE.name
+    shutil.copytree(AMD_RECIPE.parents[1], tmp_path / "recipes")
+    results = tmp_path / "night0"
+    write_run(results, recipe, night(0))
+    recipe.write_text(recipe.read_text().replace("tp: 4", "tp: 8"))
+    publish([results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings(), False)
+    shutil.rmtree(tmp_path / "recipes")
+    publish([results], PublishOutputs.under(results, tmp_path / "history2"), RegressionSettings(), False)
+    row = pd.read_csv(results / "tables/benchmarks.csv", dtype=str).iloc[0]
+    assert row["GPUs"] == "MI355X x 32" and row["layout"] == "TP4/PP4/CP1/EP8/ETP1"
+    assert row["max response len"] == "8192"
+
+
 def test_long_messages_are_cut_to_one_line_in_the_table(tmp_path: Path) -> None:
     tail = "Traceback (most recent call last):\n" + "  File x.py, line 1\n" * 40 + "RuntimeError: boom"
     results, _ = _publish_night(tmp_path, 0, smoke_status="error", smoke_message=tail)

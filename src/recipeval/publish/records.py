@@ -12,7 +12,6 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from recipeval.recipe import InvalidRecipe, load_recipe
 from recipeval.recipe.schema import STAGES
 from recipeval.result import StageResult, read_result
 
@@ -63,20 +62,6 @@ class RunRecord(BaseModel):
         return any(o.status in ("fail", "error") for o in self.stages.values())
 
 
-def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested mappings -> {"a.b.c": leaf}; lists stay leaves."""
-    if not isinstance(data, dict):
-        return {prefix: data} if prefix else {}
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, name))
-        else:
-            out[name] = value
-    return out
-
-
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -109,30 +94,13 @@ def summary_metrics(stage: str, summary: dict[str, Any]) -> tuple[dict[str, floa
     return metrics, intervals
 
 
-def _recipe_facts(path: str | None, sha256: str) -> dict[str, Any]:
-    """Layout and sizes from the recipe file, when it still has the hash the results carry."""
-    if not path or not Path(path).is_file():
-        return {}
-    try:
-        loaded = load_recipe(path)
-    except InvalidRecipe:
-        return {}
-    if loaded.sha256 != sha256:
-        return {}
-    recipe = loaded.recipe
-    par = recipe.parallel
-    stage_args = {**recipe.args, **recipe.stages.bench.args}
-    max_len = stage_args.get("rollout-max-response-len")
-    values = recipe.model_dump(mode="json", exclude={"extends", "description"})
-    return {
-        "platform": recipe.platform,
-        "gpu": recipe.cluster.gpu,
-        "nodes": recipe.cluster.nodes,
-        "gpus_per_node": recipe.cluster.gpus_per_node,
-        "layout": f"TP{par.tp}/PP{par.pp}/CP{par.cp}/EP{par.ep}/ETP{par.etp}",
-        "max_response_len": int(max_len) if isinstance(max_len, int | float) else None,
-        "recipe_values": flatten(values),
-    }
+def recipe_facts(results: list[StageResult]) -> dict[str, Any]:
+    """The recipe facts the stages recorded as they ran, in stage order, a later stage's
+    winning (the bench's response length is the one its step times were measured at)."""
+    facts: dict[str, Any] = {}
+    for res in results:
+        facts |= {k: v for k, v in res.recipe_facts.items() if k in RunRecord.model_fields}
+    return facts
 
 
 def _run_id(results: list[StageResult]) -> str:
@@ -173,7 +141,7 @@ def build_record(results: Iterable[StageResult]) -> RunRecord:
             if "expect" in check.id:
                 expect[check.id] = "ok" if check.ok else (check.message or "outside the band")
     dates = [r.provenance.finished or r.provenance.started for r in ordered]
-    facts = _recipe_facts(first.provenance.recipe_path, first.provenance.recipe_sha256)
+    facts = recipe_facts(ordered)
     return RunRecord(
         run_id=_run_id(ordered),
         recipe=first.recipe,
