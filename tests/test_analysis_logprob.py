@@ -167,3 +167,22 @@ def test_shared_prefix_pairs_respect_both_masks() -> None:
     a = tokens([[0.0, 0.0, 0.0]], mask=[[1, 1, 0]])
     b = tokens([[0.0, 0.0, 0.0]], mask=[[0, 1, 1]])
     assert list(shared_prefix_pairs(a, b)["position"]) == [1]
+
+
+def test_compare_samples_and_rollout_growth_return_typed_results() -> None:
+    from recipeval.analysis.logprob_compare import compare_samples, rollout_growth
+
+    rng = np.random.default_rng(5)
+    reference = 0.02 + 0.002 * rng.standard_normal(64)
+    shifted = compare_samples(reference + 0.01, reference)
+    assert shifted.tested and shifted.clear and shifted.low < 0.01 < shifted.high
+    assert shifted.p_value < 1e-6 and abs(shifted.relative - 0.5) < 0.1
+    same = compare_samples(reference, reference)
+    assert same.tested and not same.clear and same.low < 0 < same.high
+    few = compare_samples(reference[:1], reference)
+    assert not few.tested and not few.clear and few.message == "too few samples to compare"
+    assert rollout_growth(pd.Series([0.02])) is None
+    steady = rollout_growth(pd.Series([0.02, 0.021, 0.019]))
+    assert steady.ok and steady.worst_at == 1 and steady.limit == pytest.approx(0.04)
+    growing = rollout_growth(pd.Series([0.02, 0.03, 0.05, 0.08]))
+    assert not growing.ok and growing.worst == 0.08 and growing.worst_at == 3

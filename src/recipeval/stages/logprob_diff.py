@@ -35,16 +35,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from recipeval.analysis import logprob as lp
+from recipeval.analysis import logprob_compare as lc
 from recipeval.atomic import atomic_write_text
 from recipeval.engines import engine_for, render
 from recipeval.engines.miles.logparse import write_steps
@@ -58,8 +57,6 @@ from recipeval.stages.driver import Stage, Verdict
 
 STAGE = "logprob_diff"
 REFERENCE_NAME = "baseline"
-# miles' history band for train_rollout_logprob_abs_diff, applied along one run.
-GROWTH_RELATIVE, GROWTH_FLOOR = 0.5, 0.02
 MARKER = re.compile(r"^=== recipeval logprob_diff variant (?P<name>.+) ===$")
 # Args that must match for one variant to re-score another's tokens (same prompts, same shape).
 SAME_PROMPTS = ("seed", "rollout-batch-size", "n-samples-per-prompt", "rollout-max-response-len")
@@ -234,36 +231,17 @@ def _variant_rows(table: pd.DataFrame, name: str) -> pd.DataFrame | None:
 # --- judging --------------------------------------------------------------------------
 
 
-def per_rollout(tokens: pd.DataFrame, cutoff: float) -> pd.DataFrame:
-    rows = []
-    for rollout_id, part in tokens.groupby("rollout_id", sort=True):
-        st = lp.diff_stats(part, abs_diff_cutoff=cutoff)
-        rows.append({"rollout_id": int(rollout_id), **st.to_dict()})
-    return pd.DataFrame(rows)
-
-
-def per_sample_abs_diff(tokens: pd.DataFrame) -> np.ndarray:
-    masked = tokens[tokens["loss_mask"].astype(bool)]
-    d = (masked["logp_rollout"] - masked["logp_train"]).abs()
-    return d.groupby([masked["rollout_id"], masked["sample"]]).mean().to_numpy(float)
-
-
 def growth_check(name: str, by_rollout: pd.Series) -> Check:
-    series = by_rollout.dropna()
-    if len(series) < 2:
+    growth = lc.rollout_growth(by_rollout)
+    if growth is None:
         return Check(id=f"{name}:rollout_growth", ok=True, severity="info",
                      message="one rollout only: growth along the run not measurable")
-    first = float(series.iloc[0])
-    limit = max(first * (1 + GROWTH_RELATIVE), first + GROWTH_FLOOR)
-    worst_at = int(series.iloc[1:].idxmax())
-    worst = float(series.loc[worst_at])
-    ok = worst <= limit
     return Check(
-        id=f"{name}:rollout_growth", ok=ok, value=worst, threshold=limit,
-        message=f"mean |d| {first:.4g} at the first rollout, worst later {worst:.4g} (rollout "
-        f"{worst_at}); limit {limit:.4g} (+50 %, floor +0.02)"
-        + ("" if ok else ": the diff grows with training, as when the rollout side misses "
-           "weight updates"),
+        id=f"{name}:rollout_growth", ok=growth.ok, value=growth.worst, threshold=growth.limit,
+        message=f"mean |d| {growth.first:.4g} at the first rollout, worst later "
+        f"{growth.worst:.4g} (rollout {growth.worst_at}); limit {growth.limit:.4g} (+50 %, "
+        f"floor +0.02)" + ("" if growth.ok else ": the diff grows with training, as when the "
+                           "rollout side misses weight updates"),
     )
 
 
@@ -273,16 +251,15 @@ def judge_variant(run: VariantRun, limits: dict[str, tuple[float, str]],
     if run.tokens is not None and len(run.tokens):
         lp.check_token_table(run.tokens)
         overall = lp.diff_stats(run.tokens, abs_diff_cutoff=cutoff)
-        rollouts = per_rollout(run.tokens, cutoff)
+        rollouts = lc.per_rollout(run.tokens, cutoff)
         values = overall.to_dict()
         for key in WORST_ROLLOUT_CHECKS:
             values[key] = float(rollouts[key].max())
         summary: dict[str, Any] = {"source": "token dump", **overall.to_dict(),
                                    **{f"worst_rollout_{k}": values[k] for k in WORST_ROLLOUT_CHECKS}}
         growth = rollouts.set_index("rollout_id")["mean_abs_diff"]
-        samples = per_sample_abs_diff(run.tokens)
-        masked = run.tokens[run.tokens["loss_mask"].astype(bool)]
-        abs_diffs = (masked["logp_rollout"] - masked["logp_train"]).abs().to_numpy(float)
+        samples = lc.per_sample_abs_diff(run.tokens)
+        abs_diffs = lc.token_abs_diffs(run.tokens)
         buckets = lp.by_position(run.tokens)
         summary["by_position"] = buckets.to_dict(orient="records")
     else:
@@ -307,53 +284,30 @@ def judge_variant(run: VariantRun, limits: dict[str, tuple[float, str]],
 
 
 def compare(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any]:
-    """Shift of per-sample mean |d| (variant - reference): Welch 95 % interval and
-    Mann-Whitney p-value. Clear when the interval excludes 0."""
-    a, b = variant.per_sample_abs_diff, reference.per_sample_abs_diff
-    out: dict[str, Any] = {"variant": variant.name, "reference": reference.name,
-                           "samples": [len(a), len(b)]}
-    if len(a) < 2 or len(b) < 2:
-        return {**out, "shift": math.nan, "clear": False,
-                "message": "too few samples to compare"}
-    shift = float(a.mean() - b.mean())
-    if np.ptp(np.concatenate([a, b])) == 0:
-        return {**out, "shift": shift, "low": shift, "high": shift, "p_value": 1.0,
-                "clear": shift != 0}
-    with warnings.catch_warnings():
-        # Nearly equal per-rollout scalars trip scipy's precision warning; the interval is
-        # still right (and tiny).
-        warnings.simplefilter("ignore", RuntimeWarning)
-        welch = stats.ttest_ind(a, b, equal_var=False)
-        ci = welch.confidence_interval(0.95)
-        p_value = float(stats.mannwhitneyu(a, b).pvalue)
-    low, high = float(ci.low), float(ci.high)
-    return {**out, "shift": shift, "low": low, "high": high, "p_value": p_value,
-            "relative": shift / b.mean() if b.mean() else math.inf,
-            "clear": bool(low > 0 or high < 0), **identical_tokens(variant, reference)}
+    """The pairwise summary entry: the shift of per-sample mean |d| (variant - reference) and,
+    where the shift could be tested, both rollout paths on identical tokens."""
+    shift = lc.compare_samples(variant.per_sample_abs_diff, reference.per_sample_abs_diff)
+    pair = {"variant": variant.name, "reference": reference.name, **shift.to_dict()}
+    same = lc.identical_tokens(reference.tokens, variant.tokens, variant.rescored) if shift.tested else None
+    return pair | ({"identical_tokens": same.to_dict()} if same is not None else {})
 
 
-def identical_tokens(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any]:
-    """Both rollout paths on the very same tokens: every token the reference sampled at the
-    first rollout, re-scored by the variant (analysis.logprob.rescored_pairs), else the shared
-    prefix of the first rollout (analysis.logprob.shared_prefix_pairs)."""
-    if reference.tokens is None:
-        return {}
-    if variant.rescored is not None:
-        first = reference.tokens[reference.tokens["rollout_id"].isin(variant.rescored["rollout_id"])]
-        method, pairs = "re-scored", lp.rescored_pairs(first, variant.rescored)
-    elif variant.tokens is not None:
-        method, pairs = "shared prefix", lp.shared_prefix_pairs(reference.tokens, variant.tokens)
+def pair_message(pair: dict[str, Any]) -> str:
+    if "low" in pair:
+        sign = "higher" if pair["shift"] > 0 else "lower"
+        text = (f"mean |d| {sign} than {pair['reference']} by {abs(pair['shift']):.4g} "
+                f"(95 % interval [{pair['low']:.4g}, {pair['high']:.4g}], Mann-Whitney p = "
+                f"{pair['p_value']:.2g})" + ("" if pair["clear"] else ": not a clear difference"))
     else:
-        return {}
-    if pairs.empty:
-        return {"identical_tokens": {"method": method, "tokens": 0}}
-    st = lp.diff_stats(pairs)
-    extra = {"train_gap_max": float(pairs["train_gap"].max())} if "train_gap" in pairs else {}
-    return {"identical_tokens": {
-        "method": method, "tokens": st.tokens, "mean_abs_diff": st.token_mean_abs_diff,
-        "mean_diff": st.mean_diff, "p99_abs_diff": st.p99_abs_diff, "max_abs_diff": st.max_abs_diff,
-        "token_mult_prob_error": st.token_mult_prob_error, **extra,
-    }}
+        text = pair["message"]
+    same = pair.get("identical_tokens")
+    if same and same["tokens"]:
+        where = (f"every token {pair['reference']} sampled at the first rollout, re-scored"
+                 if same["method"] == "re-scored" else "the tokens both sampled at the first rollout")
+        text += (f"; on {same['tokens']} identical tokens ({where}) its rollout logprobs "
+                 f"differ from {pair['reference']}'s by {same['mean_abs_diff']:.4g} on "
+                 f"average (mean signed {same['mean_diff']:+.4g}, max {same['max_abs_diff']:.4g})")
+    return text
 
 
 def judge_all(runs: list[VariantRun], reference: str | None,
@@ -371,25 +325,8 @@ def judge_all(runs: list[VariantRun], reference: str | None,
         summary["train_rollout_logprob_abs_diff"] = ref.summary.get("mean_abs_diff")
         pairs = [compare(v, ref) for v in verdicts if v is not ref]
         summary["pairwise"] = pairs
-        for pair in pairs:
-            if "low" in pair:
-                sign = "higher" if pair["shift"] > 0 else "lower"
-                text = (f"mean |d| {sign} than {pair['reference']} by {abs(pair['shift']):.4g} "
-                        f"(95 % interval [{pair['low']:.4g}, {pair['high']:.4g}]"
-                        + (f", Mann-Whitney p = {pair['p_value']:.2g}" if "p_value" in pair else "")
-                        + ")" + ("" if pair["clear"] else ": not a clear difference"))
-            else:
-                text = pair["message"]
-            same = pair.get("identical_tokens")
-            if same and same["tokens"]:
-                where = (f"every token {pair['reference']} sampled at the first rollout, re-scored"
-                         if same["method"] == "re-scored"
-                         else "the tokens both sampled at the first rollout")
-                text += (f"; on {same['tokens']} identical tokens ({where}) its rollout logprobs "
-                         f"differ from {pair['reference']}'s by {same['mean_abs_diff']:.4g} on "
-                         f"average (mean signed {same['mean_diff']:+.4g}, max {same['max_abs_diff']:.4g})")
-            checks.append(Check(id=f"{pair['variant']}:vs_{pair['reference']}", ok=True,
-                                severity="info", value=pair.get("shift"), message=text))
+        checks += [Check(id=f"{pair['variant']}:vs_{pair['reference']}", ok=True, severity="info",
+                         value=pair.get("shift"), message=pair_message(pair)) for pair in pairs]
     if failures:
         return Judgement(checks=checks, summary=summary, error="; ".join(failures)), verdicts
     failed = sorted({c.id.split(":")[0] for c in checks if not c.ok and c.severity == "error"})
