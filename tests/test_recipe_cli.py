@@ -145,3 +145,15 @@ def test_threshold_names_are_the_statistics_analysis_computes():
     computed = {f.name for stats in (lp.DiffStats, lp.ScalarStats) for f in dataclasses.fields(stats)}
     counts = {"tokens", "samples", "steps", ABS_DIFF_CUTOFF}
     assert set(LOGPROB_STATISTICS) == (computed - counts) | {"rollout_growth"}
+
+
+def test_the_pipeline_config_names_the_stages_of_the_recipe_schema():
+    """config.schema.yaml is data Snakemake validates against; it must list the same stages,
+    in the same order, as the one list in recipe/schema.py."""
+    import yaml
+
+    from recipeval.recipe import STAGES
+
+    schema = yaml.safe_load((REPO / "config" / "config.schema.yaml").read_text())
+    stages = schema["properties"]["stages"]
+    assert tuple(stages["items"]["enum"]) == STAGES == tuple(stages["default"])

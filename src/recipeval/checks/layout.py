@@ -15,6 +15,7 @@ from typing import Any
 
 from recipeval.checks.fastimport import import_leaf
 from recipeval.checks.subject import Subject
+from recipeval.recipe.resolve import flag_present
 from recipeval.result import Check
 
 # Flags whose values megatron's argument parsing copies into TransformerConfig under another
@@ -306,7 +307,7 @@ def transformer_config_kwargs(subject: Subject, field_names: set[str]) -> dict[s
         }
     flags = {**m.args, **subject.args}
     for flag, field in MEGATRON_FIELDS.items():
-        if flag in flags and flags[flag] is not None and flags[flag] is not False:
+        if flag_present(flags.get(flag)):
             kwargs[field] = _flag_value(flags[flag])
     return {k: v for k, v in kwargs.items() if k in field_names and v is not None}
 

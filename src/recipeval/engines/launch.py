@@ -7,7 +7,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from recipeval.recipe.resolve import Resolved
+from recipeval.recipe.resolve import Resolved, flag_present
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def flag_words(args: dict[str, Any]) -> list[str]:
     '--x', '1', '2']; values are words, never shell text."""
     words: list[str] = []
     for flag, value in args.items():
-        if value is None or value is False:
+        if not flag_present(value):
             continue
         words.append(f"--{flag}")
         if value is True:

@@ -37,9 +37,13 @@ def _apply(args: dict[str, Any], env: dict[str, str], overlay: Overlay) -> None:
             env[key] = value
 
 
+def flag_present(value: Any) -> bool:
+    """A flag set to false or null is not on the command line; anything else is."""
+    return value is not None and value is not False
+
+
 def active_args(args: ArgMap) -> dict[str, Any]:
-    """Drop flags set to false or null: they mean 'not on the command line'."""
-    return {k: v for k, v in args.items() if v is not None and v is not False}
+    return {k: v for k, v in args.items() if flag_present(v)}
 
 
 def resolve(recipe: Recipe, stage: str | None = None, variant: str | None = None) -> Resolved:
