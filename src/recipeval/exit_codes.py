@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from recipeval.result import Status
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_ERROR = 0, 1, 2, 3
+# Publish's per-recipe verdicts that make `publish --fail-on-regression` and `nightly` exit 1.
+FAILING_VERDICTS = ("failed", "regressed")
 STATUS_EXIT: dict[Status, int] = {
     "pass": EXIT_OK,
     "fail": EXIT_FAIL,

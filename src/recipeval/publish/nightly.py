@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-EXIT_OK, EXIT_REGRESSED, EXIT_ERROR = 0, 1, 3
+from recipeval.exit_codes import EXIT_ERROR, EXIT_FAIL, EXIT_OK, FAILING_VERDICTS
 
 
 def snakemake_argv(profiles: list[str], cores: str | None, extra: list[str]) -> list[str]:
@@ -93,10 +93,10 @@ def nightly(profiles: list[str], cores: str | None, verdict_path: Path, extra: l
         print(f"recipeval nightly: no fresh verdict at {verdict_path} (snakemake exit {returncode})",
               file=sys.stderr)
         return EXIT_ERROR
-    bad = [r for r in verdict["recipes"] if r["status"] in ("failed", "regressed")]
+    bad = [r for r in verdict["recipes"] if r["status"] in FAILING_VERDICTS]
     for rec in verdict["recipes"]:
         print(f"{rec['status']:9} {rec['recipe']}")
     if returncode != 0:
         print(f"recipeval nightly: snakemake exited {returncode}", file=sys.stderr)
         return EXIT_ERROR
-    return EXIT_REGRESSED if bad else EXIT_OK
+    return EXIT_FAIL if bad else EXIT_OK

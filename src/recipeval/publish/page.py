@@ -8,6 +8,7 @@ import html
 
 import pandas as pd
 
+from recipeval.exit_codes import FAILING_VERDICTS
 from recipeval.publish.compare import RecipeVerdict
 from recipeval.publish.figures import Figure
 from recipeval.publish.records import RunRecord
@@ -77,9 +78,9 @@ def render_page(
 ) -> str:
     """`figures` None: plots left out on request (--no-plots)."""
     statuses = [v.status for v in verdicts.values()]
-    bad = sum(s in ("failed", "regressed") for s in statuses)
+    bad = sum(s in FAILING_VERDICTS for s in statuses)
     overall, cls = ("attention: " + ", ".join(
-        f"{statuses.count(s)} {s}" for s in ("failed", "regressed") if statuses.count(s)), "fail") \
+        f"{statuses.count(s)} {s}" for s in FAILING_VERDICTS if statuses.count(s)), "fail") \
         if bad else ("all recipes ok", "pass")
     notable = [v for v in verdicts.values() if v.status != "ok"]
     changed = "".join(_changes_html(v) for v in notable) or "<p>No failures, regressions or improvements.</p>"

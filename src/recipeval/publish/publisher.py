@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from recipeval.analysis.regression import RegressionSettings
 from recipeval.atomic import atomic_write_text
+from recipeval.exit_codes import FAILING_VERDICTS
 from recipeval.publish import history, tables
 from recipeval.publish.compare import RecipeVerdict, judge_run
 from recipeval.publish.figures import all_figures, write_figures
@@ -17,9 +18,6 @@ from recipeval.publish.junit import write_junit
 from recipeval.publish.page import render_page
 from recipeval.publish.records import RunRecord, build_record, collect_results
 from recipeval.result import StageResult, now_iso
-
-# Recipe statuses that make a nightly fail.
-BAD = ("failed", "regressed")
 
 
 class PublishError(Exception):
@@ -52,7 +50,7 @@ class PublishReport:
 
     @property
     def ok(self) -> bool:
-        return not any(v.status in BAD for v in self.verdicts.values())
+        return not any(v.status in FAILING_VERDICTS for v in self.verdicts.values())
 
 
 def _stage_results(inputs: list[Path]) -> dict[str, list[StageResult]]:
