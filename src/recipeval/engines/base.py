@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Protocol
 
 from recipeval.engines.launch import Launch
 from recipeval.recipe.resolve import Resolved
+
+if TYPE_CHECKING:  # rendering never needs pandas; only a parser's table does
+    import pandas as pd
 
 
 class LogParser(Protocol):

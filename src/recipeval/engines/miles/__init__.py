@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from recipeval.engines.base import Engine
-from recipeval.engines.miles.logparse import MilesLogParser
 from recipeval.engines.miles.render import render
 from recipeval.recipe.resolve import Resolved
 
+if TYPE_CHECKING:
+    from recipeval.engines.miles.logparse import MilesLogParser
+
 
 def log_parser(resolved: Resolved | None) -> MilesLogParser:
-    """miles' log format; the reference engine writes the same one."""
+    """miles' log format; the reference engine writes the same one. (Imported here: the
+    parser needs pandas, which rendering does not.)"""
+    from recipeval.engines.miles.logparse import MilesLogParser
+
     return MilesLogParser()
 
 
