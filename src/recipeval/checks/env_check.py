@@ -1,5 +1,6 @@
-"""Assemble env_check: load the recipes, start SGLang's flag parser in a worker while
-megatron-core imports here, run every check per recipe, and build one StageResult each."""
+"""env_check as a stage: load the recipes, start SGLang's flag parser in a worker while
+megatron-core imports here, then run each recipe's checks through the stage driver
+(stages.driver.run), which builds and writes its StageResult as for every other stage."""
 
 from __future__ import annotations
 
