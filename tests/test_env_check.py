@@ -289,7 +289,9 @@ def test_unknown_gpu_is_info_not_a_guess(tmp_path):
     assert [(c.id, c.ok, c.severity) for c in checks] == [("memory.gpu-known", False, "info")]
 
 
-def judged(subject: Subject, validators: _Validators, flags: dict | None, tmp_path: Path) -> StageResult:
+def judged(
+    subject: Subject, validators: _Validators, flags: dict | None, tmp_path: Path
+) -> StageResult:
     """One recipe's env_check through the stage driver, as `env_check` runs it."""
     stage = env_check_stage(subject, validators, flags, 0, static=True, found=None)
     return run(stage, StageRequest(stage="env_check", loaded=subject.loaded, out=tmp_path / "out"))

@@ -76,8 +76,12 @@ def test_parse_metric_dict_never_evaluates_code(tmp_path):
     with pytest.raises(ValueError):
         parse_metric_dict(f"{{'a': __import__('os').system('touch {marker}')}}")
     assert not marker.exists()
-    assert parse_metric_dict("{'a': float('nan'), 'b': -inf, 'c': [1, 2], 'd': 'x', 'e': True}") == {
-        "a": pytest.approx(math.nan, nan_ok=True), "b": -math.inf, "e": 1.0,
+    assert parse_metric_dict(
+        "{'a': float('nan'), 'b': -inf, 'c': [1, 2], 'd': 'x', 'e': True}"
+    ) == {
+        "a": pytest.approx(math.nan, nan_ok=True),
+        "b": -math.inf,
+        "e": 1.0,
     }
 
 
@@ -99,17 +103,21 @@ def test_parse_log_cli_writes_csv_and_parquet_and_reports_malformed(tmp_path):
     for name in ("steps.csv", "steps.parquet"):
         out = tmp_path / name
         proc = subprocess.run(
-            [RECIPEVAL, "parse-log", str(LOGS / "miles_ray_irregular.log"),
-             "--out", str(out)],
-            capture_output=True, text=True, check=False,
+            [RECIPEVAL, "parse-log", str(LOGS / "miles_ray_irregular.log"), "--out", str(out)],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         assert proc.returncode == 0, proc.stderr
         assert "3 rollouts" in proc.stdout and "2 malformed" in proc.stdout
         table = pd.read_csv(out) if name.endswith(".csv") else pd.read_parquet(out)
         assert list(table["rollout_id"]) == [0, 1, 2]
     bad = subprocess.run(
-        [RECIPEVAL, "parse-log", str(tmp_path / "missing.log"),
-         "--out", str(tmp_path / "x.csv")],
-        capture_output=True, text=True, check=False,
+        [RECIPEVAL, "parse-log", str(tmp_path / "missing.log"), "--out", str(tmp_path / "x.csv")],
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    assert bad.returncode == 2 and "no such log file" in bad.stderr and "Traceback" not in bad.stderr
+    assert (
+        bad.returncode == 2 and "no such log file" in bad.stderr and "Traceback" not in bad.stderr
+    )

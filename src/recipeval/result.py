@@ -21,10 +21,21 @@ Status = Literal["pass", "fail", "error", "skipped"]
 Severity = Literal["error", "warning", "info"]
 
 # Names of environment variables whose values are secrets; never written anywhere we write.
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH)", re.IGNORECASE)
+SECRET_NAME = re.compile(
+    r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH)",
+    re.IGNORECASE,
+)
 REDACTED = "***"
 
-TRACKED_PACKAGES = ("recipeval", "torch", "transformers", "megatron-core", "sglang", "ray", "snakemake")
+TRACKED_PACKAGES = (
+    "recipeval",
+    "torch",
+    "transformers",
+    "megatron-core",
+    "sglang",
+    "ray",
+    "snakemake",
+)
 
 
 class Check(BaseModel):
@@ -93,7 +104,10 @@ def git_revision(path: Path) -> str | None:
     try:
         proc = subprocess.run(
             ["git", "-C", str(path), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True, text=True, timeout=5, check=False,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -101,7 +115,10 @@ def git_revision(path: Path) -> str | None:
 
 
 def provenance(
-    recipe_name: str, recipe_sha256: str, stage: str, recipe_path: Path | None = None,
+    recipe_name: str,
+    recipe_sha256: str,
+    stage: str,
+    recipe_path: Path | None = None,
     started: str | None = None,
 ) -> Provenance:
     return Provenance(
@@ -133,7 +150,9 @@ def secret_values(environ: dict[str, str] | None = None) -> list[str]:
     masking common short words)."""
     environ = dict(os.environ) if environ is None else environ
     return sorted(
-        {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 6}, key=len, reverse=True
+        {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 6},
+        key=len,
+        reverse=True,
     )
 
 

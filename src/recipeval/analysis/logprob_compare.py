@@ -64,8 +64,12 @@ def rollout_growth(by_rollout: pd.Series) -> Growth | None:
         return None
     first = float(series.iloc[0])
     worst_at = int(series.iloc[1:].idxmax())
-    return Growth(first=first, worst=float(series.loc[worst_at]), worst_at=worst_at,
-                  limit=max(first * (1 + GROWTH_RELATIVE), first + GROWTH_FLOOR))
+    return Growth(
+        first=first,
+        worst=float(series.loc[worst_at]),
+        worst_at=worst_at,
+        limit=max(first * (1 + GROWTH_RELATIVE), first + GROWTH_FLOOR),
+    )
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,15 @@ def compare_samples(variant: np.ndarray, reference: np.ndarray) -> Shift:
         ci = welch.confidence_interval(0.95)
         p_value = float(stats.mannwhitneyu(a, b).pvalue)
     low, high = float(ci.low), float(ci.high)
-    return Shift(samples, shift, clear=bool(low > 0 or high < 0), low=low, high=high,
-                 p_value=p_value, relative=shift / b.mean() if b.mean() else math.inf)
+    return Shift(
+        samples,
+        shift,
+        clear=bool(low > 0 or high < 0),
+        low=low,
+        high=high,
+        p_value=p_value,
+        relative=shift / b.mean() if b.mean() else math.inf,
+    )
 
 
 @dataclass(frozen=True)
@@ -133,15 +144,23 @@ class IdenticalTokens:
     def to_dict(self) -> dict[str, Any]:
         if not self.tokens:
             return {"method": self.method, "tokens": 0}
-        out = {"method": self.method, "tokens": self.tokens, "mean_abs_diff": self.mean_abs_diff,
-               "mean_diff": self.mean_diff, "p99_abs_diff": self.p99_abs_diff,
-               "max_abs_diff": self.max_abs_diff,
-               "token_mult_prob_error": self.token_mult_prob_error}
-        return out | ({"train_gap_max": self.train_gap_max} if self.train_gap_max is not None else {})
+        out = {
+            "method": self.method,
+            "tokens": self.tokens,
+            "mean_abs_diff": self.mean_abs_diff,
+            "mean_diff": self.mean_diff,
+            "p99_abs_diff": self.p99_abs_diff,
+            "max_abs_diff": self.max_abs_diff,
+            "token_mult_prob_error": self.token_mult_prob_error,
+        }
+        return out | (
+            {"train_gap_max": self.train_gap_max} if self.train_gap_max is not None else {}
+        )
 
 
-def identical_tokens(reference: pd.DataFrame | None, variant: pd.DataFrame | None,
-                     rescored: pd.DataFrame | None) -> IdenticalTokens | None:
+def identical_tokens(
+    reference: pd.DataFrame | None, variant: pd.DataFrame | None, rescored: pd.DataFrame | None
+) -> IdenticalTokens | None:
     """Every token the reference sampled at the first rollout, re-scored by the variant
     (`rescored`: analysis.logprob.rescored_pairs), else the tokens both sampled at the first
     rollout (analysis.logprob.shared_prefix_pairs); None when neither table is there."""
@@ -158,8 +177,12 @@ def identical_tokens(reference: pd.DataFrame | None, variant: pd.DataFrame | Non
         return IdenticalTokens(method, 0)
     st = lp.diff_stats(pairs)
     return IdenticalTokens(
-        method, st.tokens, mean_abs_diff=st.token_mean_abs_diff, mean_diff=st.mean_diff,
-        p99_abs_diff=st.p99_abs_diff, max_abs_diff=st.max_abs_diff,
+        method,
+        st.tokens,
+        mean_abs_diff=st.token_mean_abs_diff,
+        mean_diff=st.mean_diff,
+        p99_abs_diff=st.p99_abs_diff,
+        max_abs_diff=st.max_abs_diff,
         token_mult_prob_error=st.token_mult_prob_error,
         train_gap_max=float(pairs["train_gap"].max()) if "train_gap" in pairs else None,
     )

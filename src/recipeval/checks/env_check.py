@@ -131,16 +131,26 @@ def judge(subject: Subject, checks: list[Check], static: bool, extra: dict[str, 
     summary = {**_summary(checks), "static": static, "stage_overlay": subject.stage, **extra}
     errors = [c for c in checks if not c.ok and c.severity == "error"]
     if errors:
-        message = f"{len(errors)} error(s): " + "; ".join(f"{c.id}: {c.message}" for c in errors[:3])
+        message = f"{len(errors)} error(s): " + "; ".join(
+            f"{c.id}: {c.message}" for c in errors[:3]
+        )
     else:
         message = f"no error; {summary['warnings']} warning(s)"
-    return Judgement(checks=checks, summary=summary, message=message,
-                     error=unjudged[0].message if unjudged else None)
+    return Judgement(
+        checks=checks,
+        summary=summary,
+        message=message,
+        error=unjudged[0].message if unjudged else None,
+    )
 
 
 def env_check_stage(
-    subject: Subject, validators: _Validators, flags: dict[str, list[str]] | None, index: int,
-    static: bool, found: dict[str, Any] | None,
+    subject: Subject,
+    validators: _Validators,
+    flags: dict[str, list[str]] | None,
+    index: int,
+    static: bool,
+    found: dict[str, Any] | None,
 ) -> Stage:
     """env_check of one recipe as a Stage: it launches nothing; it runs the checks and writes
     the report lines beside its result as the stage log."""
@@ -180,7 +190,9 @@ def env_check(
     checker = FlagChecker()
     try:
         loaded, bad = load_all(paths, stage)
-        files = output_paths([item.recipe.name for item in loaded], out) if out is not None else None
+        files = (
+            output_paths([item.recipe.name for item in loaded], out) if out is not None else None
+        )
     except BaseException:
         checker.close()
         raise
@@ -193,9 +205,12 @@ def env_check(
         found = probe()
     for index, subject in enumerate(subjects):
         result_file = files[index] if files is not None else None
-        request = StageRequest(stage=STAGE, loaded=subject.loaded,
-                               out=result_file.parent if result_file else None,
-                               result_file=result_file)
+        request = StageRequest(
+            stage=STAGE,
+            loaded=subject.loaded,
+            out=result_file.parent if result_file else None,
+            result_file=result_file,
+        )
         env_stage = env_check_stage(subject, validators, flags.get(index), index, static, found)
         report.results.append(run(env_stage, request))
         if result_file is not None:

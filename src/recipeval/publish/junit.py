@@ -48,7 +48,9 @@ def junit_xml(records: list[RunRecord], verdicts: dict[str, RecipeVerdict]) -> E
             tc = case(history, rec.recipe, mv.metric)
             if mv.kind == "regression":
                 counts[history][1] += 1
-                changes = "\n".join(f"{c.kind} {c.key}: {c.before} -> {c.after}" for c in verdict.changes)
+                changes = "\n".join(
+                    f"{c.kind} {c.key}: {c.before} -> {c.after}" for c in verdict.changes
+                )
                 ET.SubElement(tc, "failure", message=mv.reason).text = changes
             elif mv.kind == "no_history":
                 counts[history][3] += 1

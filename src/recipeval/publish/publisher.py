@@ -38,8 +38,12 @@ class PublishOutputs:
 
     @classmethod
     def under(cls, results: Path, history_dir: Path | None = None) -> PublishOutputs:
-        return cls(results / "tables", history_dir or results / "history", results / "junit.xml",
-                   results / "regression.json")
+        return cls(
+            results / "tables",
+            history_dir or results / "history",
+            results / "junit.xml",
+            results / "regression.json",
+        )
 
 
 @dataclass
@@ -94,10 +98,14 @@ def publish(
         stage_results = [r for results in grouped.values() for r in results]
         figures = all_figures(records, verdicts, history_frame, stage_results)
         write_figures(figures, out.plots)
-    atomic_write_text(out.tables / "benchmarks.html", render_page(records, verdicts, frame, generated, figures))
+    atomic_write_text(
+        out.tables / "benchmarks.html", render_page(records, verdicts, frame, generated, figures)
+    )
     history.write_parquet(runs, out.history / history.PARQUET_NAME)
     write_junit(records, verdicts, out.junit)
-    atomic_write_text(out.verdict, json.dumps(verdict_document(outcome, generated), indent=1, default=str) + "\n")
+    atomic_write_text(
+        out.verdict, json.dumps(verdict_document(outcome, generated), indent=1, default=str) + "\n"
+    )
     return outcome
 
 

@@ -68,7 +68,9 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def summary_metrics(stage: str, summary: dict[str, Any]) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+def summary_metrics(
+    stage: str, summary: dict[str, Any]
+) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
     """Numeric leaves of a stage summary as `<stage>.<path>`; a dict with an `estimate` is one
     metric whose `low`/`high` become its interval."""
     metrics: dict[str, float] = {}
@@ -80,7 +82,12 @@ def summary_metrics(stage: str, summary: dict[str, Any]) -> tuple[dict[str, floa
             if est is not None:
                 metrics[path] = est
                 low, high = _number(node.get(_LOW)), _number(node.get(_HIGH))
-                if low is not None and high is not None and math.isfinite(low) and math.isfinite(high):
+                if (
+                    low is not None
+                    and high is not None
+                    and math.isfinite(low)
+                    and math.isfinite(high)
+                ):
                     intervals[path] = (low, high)
                 return
             for key, value in node.items():
@@ -106,8 +113,10 @@ def recipe_facts(results: list[StageResult]) -> dict[str, Any]:
 def _run_id(results: list[StageResult]) -> str:
     """Stable for the same set of results, so publishing twice never adds a second history
     entry for one run."""
-    key = [(r.stage, r.provenance.recipe_sha256, r.provenance.started, r.provenance.finished, r.status)
-           for r in results]
+    key = [
+        (r.stage, r.provenance.recipe_sha256, r.provenance.started, r.provenance.finished, r.status)
+        for r in results
+    ]
     return hashlib.sha256(json.dumps(sorted(key, key=str)).encode()).hexdigest()[:16]
 
 
@@ -126,9 +135,13 @@ def build_record(results: Iterable[StageResult]) -> RunRecord:
     for res in ordered:
         prov = res.provenance
         stages[res.stage] = StageSummary(
-            status=res.status, message=res.message,
-            failed_checks=[f"{c.id}: {c.message}" if c.message else c.id for c in res.failed_checks()],
-            started=prov.started, finished=prov.finished,
+            status=res.status,
+            message=res.message,
+            failed_checks=[
+                f"{c.id}: {c.message}" if c.message else c.id for c in res.failed_checks()
+            ],
+            started=prov.started,
+            finished=prov.finished,
         )
         m, iv = summary_metrics(res.stage, res.summary)
         metrics.update(m)
@@ -148,8 +161,13 @@ def build_record(results: Iterable[StageResult]) -> RunRecord:
         recipe_sha256=first.provenance.recipe_sha256,
         recipe_path=first.provenance.recipe_path,
         date=max((d for d in dates if d), default=None),
-        stages=stages, metrics=metrics, intervals=intervals, expect=expect,
-        packages=packages, provenance=provenance, **facts,
+        stages=stages,
+        metrics=metrics,
+        intervals=intervals,
+        expect=expect,
+        packages=packages,
+        provenance=provenance,
+        **facts,
     )
 
 
@@ -172,6 +190,9 @@ def _locate_artifacts(res: StageResult, folder: Path) -> StageResult:
     """A stage records its artifacts' paths as it saw them (relative to where it ran); one that
     does not resolve from here is taken from beside the result file, where stages write them,
     so publish works from any directory and on a copied results folder."""
-    found = {key: str(folder / Path(value).name) for key, value in res.artifacts.items()
-             if not Path(value).exists() and (folder / Path(value).name).is_file()}
+    found = {
+        key: str(folder / Path(value).name)
+        for key, value in res.artifacts.items()
+        if not Path(value).exists() and (folder / Path(value).name).is_file()
+    }
     return res.model_copy(update={"artifacts": {**res.artifacts, **found}}) if found else res

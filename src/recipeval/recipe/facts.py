@@ -33,6 +33,8 @@ def recipe_facts(resolved: Resolved) -> dict[str, Any]:
         "nodes": recipe.cluster.nodes,
         "gpus_per_node": recipe.cluster.gpus_per_node,
         "layout": recipe.parallel.layout,
-        "max_response_len": int(max_len) if isinstance(max_len, int | float) and not isinstance(max_len, bool) else None,
+        "max_response_len": int(max_len)
+        if isinstance(max_len, int | float) and not isinstance(max_len, bool)
+        else None,
         "recipe_values": flatten(values),
     }

@@ -91,8 +91,11 @@ def recipe_sha256(recipe: Recipe) -> str:
 
 
 def deep_merge(
-    base: dict[str, Any], over: dict[str, Any], base_origins: dict[KeyPath, Origin],
-    over_origins: dict[KeyPath, Origin], path: KeyPath = (),
+    base: dict[str, Any],
+    over: dict[str, Any],
+    base_origins: dict[KeyPath, Origin],
+    over_origins: dict[KeyPath, Origin],
+    path: KeyPath = (),
 ) -> dict[str, Any]:
     """Merge `over` into `base`: mappings recursively, anything else (lists too) replaced."""
     out = dict(base)
@@ -149,7 +152,11 @@ def _describe(err: dict[str, Any], model_fields: list[str] | None) -> str:
         hint = ""
         if model_fields:
             close = difflib.get_close_matches(key, model_fields, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f"; allowed: {', '.join(model_fields)}"
+            hint = (
+                f" (did you mean {close[0]!r}?)"
+                if close
+                else f"; allowed: {', '.join(model_fields)}"
+            )
         return f"unknown key{hint}"
     if kind == "missing":
         return "required key is missing"
@@ -185,10 +192,12 @@ def _cross_checks(recipe: Recipe) -> list[tuple[str, str]]:
         )
     model = recipe.model
     if model.kv_heads is not None and model.attention_heads % model.kv_heads:
-        problems.append((
-            "model.kv_heads",
-            f"attention_heads ({model.attention_heads}) must be a multiple of kv_heads ({model.kv_heads})",
-        ))
+        problems.append(
+            (
+                "model.kv_heads",
+                f"attention_heads ({model.attention_heads}) must be a multiple of kv_heads ({model.kv_heads})",
+            )
+        )
     arg_maps = [("args", recipe.args), ("model.args", recipe.model.args)]
     for stage in STAGES:
         options = getattr(recipe.stages, stage)
@@ -201,7 +210,10 @@ def _cross_checks(recipe: Recipe) -> list[tuple[str, str]]:
                 problems.append((f"{where}.{flag}", "write flag names without the leading '--'"))
             elif flag in DERIVED_FLAGS:
                 problems.append(
-                    (f"{where}.{flag}", f"set {DERIVED_FLAGS[flag]} instead; render derives this flag")
+                    (
+                        f"{where}.{flag}",
+                        f"set {DERIVED_FLAGS[flag]} instead; render derives this flag",
+                    )
                 )
     return problems
 
@@ -219,10 +231,17 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         probe = LoadedRecipe(recipe=None, path=file, files=files, origins=loaded_origins)  # type: ignore[arg-type]
-        raise InvalidRecipe([
-            RecipeError(*probe.origin(loc)[:1], message, ".".join(map(str, loc)) or None, probe.origin(loc)[1])
-            for loc, message in _messages(exc)
-        ]) from None
+        raise InvalidRecipe(
+            [
+                RecipeError(
+                    *probe.origin(loc)[:1],
+                    message,
+                    ".".join(map(str, loc)) or None,
+                    probe.origin(loc)[1],
+                )
+                for loc, message in _messages(exc)
+            ]
+        ) from None
     loaded = LoadedRecipe(recipe=recipe, path=file, files=files, origins=loaded_origins)
     problems = _cross_checks(recipe)
     if problems:
@@ -246,11 +265,15 @@ def _messages(exc: ValidationError) -> list[tuple[tuple[Any, ...], str]]:
             out.append((loc, _describe(errs[0], _fields_at(loc))))
             continue
         value = errs[0].get("input")
-        out.append((
-            loc,
-            ("expected a string, number, true/false, a list of scalars, or null"
-             f" (got {type(value).__name__} {value!r})"),
-        ))
+        out.append(
+            (
+                loc,
+                (
+                    "expected a string, number, true/false, a list of scalars, or null"
+                    f" (got {type(value).__name__} {value!r})"
+                ),
+            )
+        )
     return out
 
 

@@ -59,6 +59,8 @@ def resolve(recipe: Recipe, stage: str | None = None, variant: str | None = None
     if variant is not None:
         variants = recipe.stages.logprob_diff.variants
         if variant not in variants:
-            raise KeyError(f"unknown variant {variant!r}; recipe has: {', '.join(variants) or 'none'}")
+            raise KeyError(
+                f"unknown variant {variant!r}; recipe has: {', '.join(variants) or 'none'}"
+            )
         _apply(args, env, variants[variant])
     return Resolved(recipe, stage, variant, active_args(args), env, options)

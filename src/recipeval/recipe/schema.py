@@ -25,9 +25,19 @@ STAGES: tuple[str, ...] = get_args(Stage)
 # Statistics stages.logprob_diff.thresholds may put a limit on (analysis.logprob computes them;
 # tests/test_recipe_cli.py keeps the two lists equal), and the key that sets the |d| cutoff.
 LOGPROB_STATISTICS = (
-    "first_rollout_abs_mean_diff", "frac_above_cutoff", "k3_kl", "max_abs_diff", "mean_abs_diff",
-    "mean_diff", "p50_abs_diff", "p99_abs_diff", "position_spearman", "prob_abs_diff_mean",
-    "token_mean_abs_diff", "token_mult_prob_error", "rollout_growth",
+    "first_rollout_abs_mean_diff",
+    "frac_above_cutoff",
+    "k3_kl",
+    "max_abs_diff",
+    "mean_abs_diff",
+    "mean_diff",
+    "p50_abs_diff",
+    "p99_abs_diff",
+    "position_spearman",
+    "prob_abs_diff_mean",
+    "token_mean_abs_diff",
+    "token_mult_prob_error",
+    "rollout_growth",
 )
 ABS_DIFF_CUTOFF = "abs_diff_cutoff"
 # analysis.steady_state needs three steady steps for an interval with a spread.
@@ -56,7 +66,7 @@ def _duration_seconds(value: Any) -> Any:
 def _env_value(value: Any) -> Any:
     if isinstance(value, bool):
         raise ValueError(  # noqa: TRY004 - see _duration_seconds
-            "environment values are strings; quote YAML booleans (write \"true\", not true) "
+            'environment values are strings; quote YAML booleans (write "true", not true) '
             "so the value the program reads is unambiguous"
         )
     if isinstance(value, int | float):
@@ -210,11 +220,15 @@ class Recipe(Strict):
         error names the key to fix, so `recipeval validate` reports it with file and line."""
         problems = cross_field_problems(self)
         if problems:
-            raise ValidationError.from_exception_data(type(self).__name__, [
-                InitErrorDetails(type=PydanticCustomError("cross_field", message), loc=loc,
-                                 input=value)
-                for loc, message, value in problems
-            ])
+            raise ValidationError.from_exception_data(
+                type(self).__name__,
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError("cross_field", message), loc=loc, input=value
+                    )
+                    for loc, message, value in problems
+                ],
+            )
         return self
 
 
@@ -225,16 +239,35 @@ def cross_field_problems(recipe: Recipe) -> list[tuple[tuple[str, ...], str, Any
     problems: list[tuple[tuple[str, ...], str, Any]] = []
     bench = recipe.stages.bench
     if bench.max_steps < bench.min_steps:
-        problems.append((("stages", "bench", "max_steps"),
-                         f"max_steps must be at least min_steps ({bench.min_steps})", bench.max_steps))
+        problems.append(
+            (
+                ("stages", "bench", "max_steps"),
+                f"max_steps must be at least min_steps ({bench.min_steps})",
+                bench.max_steps,
+            )
+        )
     rollouts = resolve(recipe, "smoke").arg("num-rollout")
     if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < 1:
-        problems.append((("stages", "smoke", "args", "num-rollout"),
-                         ("the smoke stage needs a positive integer num-rollout (set it in the "
-                         "smoke overlay)"), rollouts))
+        problems.append(
+            (
+                ("stages", "smoke", "args", "num-rollout"),
+                (
+                    "the smoke stage needs a positive integer num-rollout (set it in the "
+                    "smoke overlay)"
+                ),
+                rollouts,
+            )
+        )
     for name in recipe.stages.logprob_diff.thresholds:
         if name not in (*LOGPROB_STATISTICS, ABS_DIFF_CUTOFF):
-            problems.append((("stages", "logprob_diff", "thresholds", name),
-                             (f"{name!r} is no logprob statistic; use one of: "
-                             f"{', '.join(sorted(LOGPROB_STATISTICS))} (or {ABS_DIFF_CUTOFF})"), name))
+            problems.append(
+                (
+                    ("stages", "logprob_diff", "thresholds", name),
+                    (
+                        f"{name!r} is no logprob statistic; use one of: "
+                        f"{', '.join(sorted(LOGPROB_STATISTICS))} (or {ABS_DIFF_CUTOFF})"
+                    ),
+                    name,
+                )
+            )
     return problems

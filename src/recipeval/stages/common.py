@@ -116,8 +116,14 @@ class LogSink:
     """Writes each line (secrets scrubbed) to the stage log, feeds the parser, keeps the last
     lines for error messages, and calls on_steps when the step table changed."""
 
-    def __init__(self, path: Path, secrets: list[str], parser: LogParser,
-                 on_steps: OnSteps | None, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        path: Path,
+        secrets: list[str],
+        parser: LogParser,
+        on_steps: OnSteps | None,
+        stop: threading.Event,
+    ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self.secrets = secrets
@@ -160,7 +166,9 @@ def read_log(parser: LogParser, path: Path) -> ParsedLog:
     return parsed_log(parser)
 
 
-def resolve_and_render(request: StageRequest, variant: str | None = None) -> tuple[Resolved, Launch]:
+def resolve_and_render(
+    request: StageRequest, variant: str | None = None
+) -> tuple[Resolved, Launch]:
     """Raises RecipeError (exit 2) naming the recipe file, line and key."""
     recipe = request.loaded.recipe
     try:
@@ -184,7 +192,9 @@ def execute(
     stop = threading.Event()
     if request.from_log is not None:
         return _from_log(request, resolved, launch, log_path, secrets)
-    sink = LogSink(log_path, secrets, engine_for(resolved.recipe.engine).parser(resolved), on_steps, stop)
+    sink = LogSink(
+        log_path, secrets, engine_for(resolved.recipe.engine).parser(resolved), on_steps, stop
+    )
     runner_name = request.runner or default_runner_name()
     timeout = request.timeout or (resolved.options.timeout if resolved.options else None)
     run: RunResult | None = None
@@ -201,16 +211,23 @@ def execute(
     finally:
         sink.close()
     failure = failure or sink.callback_error
-    return StageRun(resolved, launch, run, sink.parsed(), log_path, list(sink.tail),
-                      runner_name, failure, info)
+    return StageRun(
+        resolved, launch, run, sink.parsed(), log_path, list(sink.tail), runner_name, failure, info
+    )
 
 
-def _from_log(request: StageRequest, resolved: Resolved, launch: Launch, log_path: Path,
-              secrets: list[str]) -> StageRun:
+def _from_log(
+    request: StageRequest, resolved: Resolved, launch: Launch, log_path: Path, secrets: list[str]
+) -> StageRun:
     source = request.from_log
     assert source is not None
-    sink = LogSink(log_path.with_name(f".{log_path.name}.{os.getpid()}.tmp"), secrets,
-                   engine_for(resolved.recipe.engine).parser(resolved), None, threading.Event())
+    sink = LogSink(
+        log_path.with_name(f".{log_path.name}.{os.getpid()}.tmp"),
+        secrets,
+        engine_for(resolved.recipe.engine).parser(resolved),
+        None,
+        threading.Event(),
+    )
     try:
         with open(source, encoding="utf-8", errors="replace", newline="") as fh:
             for line in fh:

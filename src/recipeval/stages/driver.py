@@ -80,8 +80,11 @@ def run(stage: Stage, request: StageRequest) -> StageResult:
     started = now_iso()
     clock = time.monotonic()
     verdict = stage.execute(request)
-    summary = {**verdict.run_facts, "stage_wall_s": round(time.monotonic() - clock, 3),
-               **verdict.judgement.summary}
+    summary = {
+        **verdict.run_facts,
+        "stage_wall_s": round(time.monotonic() - clock, 3),
+        **verdict.judgement.summary,
+    }
     judgement = dataclasses.replace(verdict.judgement, summary=summary)
     return finish(request, judgement, started, verdict.steps, verdict.artifacts, verdict.gpu)
 
@@ -101,7 +104,9 @@ def gate_block(request: StageRequest) -> tuple[str, StageResult] | None:
         try:
             result = read_result(gate)
         except OSError as err:
-            raise UsageError(f"--require {gate}: cannot read it ({err.strerror}); run that stage first") from None
+            raise UsageError(
+                f"--require {gate}: cannot read it ({err.strerror}); run that stage first"
+            ) from None
         except ValueError:
             raise UsageError(f"--require {gate}: not a recipeval stage result (JSON)") from None
         if result.status != "pass":

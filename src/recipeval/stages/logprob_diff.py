@@ -121,7 +121,9 @@ def thresholds(request: StageRequest) -> tuple[dict[str, tuple[float, str]], flo
 # --- getting the data ---------------------------------------------------------------
 
 
-def run_variant(request: StageRequest, name: str | None, score_tokens: Path | None = None) -> VariantRun:
+def run_variant(
+    request: StageRequest, name: str | None, score_tokens: Path | None = None
+) -> VariantRun:
     """One short run of a variant; with `score_tokens` (reference engine) one rollout in which
     its rollout path scores that dump's responses instead of sampling its own."""
     label = name or REFERENCE_NAME
@@ -161,13 +163,17 @@ def rescore(request: StageRequest, runs: list[VariantRun], reference: str | None
     ref.tokens[ref.tokens["rollout_id"] == ref.tokens["rollout_id"].min()].to_parquet(source)
     try:
         for run in runs:
-            same = all(resolve(recipe, STAGE, run.name).args.get(k) == v for k, v in prompts.items())
+            same = all(
+                resolve(recipe, STAGE, run.name).args.get(k) == v for k, v in prompts.items()
+            )
             if run is ref or run.failure or not same:
                 continue  # other prompts or batch shape: compared on the shared prefix only
             scored = run_variant(request, run.name, score_tokens=source)
             run.rescore_log = [rescore_marker(run.name, ref.name), *scored.log_lines]
             if scored.failure or scored.tokens is None:
-                run.failure = f"re-scoring {ref.name}'s tokens failed: {scored.failure or 'no dump'}"
+                run.failure = (
+                    f"re-scoring {ref.name}'s tokens failed: {scored.failure or 'no dump'}"
+                )
             else:
                 run.rescored = scored.tokens
     finally:
@@ -205,19 +211,25 @@ def from_log(request: StageRequest, names: list[str | None]) -> list[VariantRun]
     source = request.from_log
     assert source is not None
     lines = source.read_text(encoding="utf-8", errors="replace").splitlines()
-    paths = {kind: source.with_name(f"{source.stem}.{kind}.parquet") for kind in ("tokens", "rescored")}
+    paths = {
+        kind: source.with_name(f"{source.stem}.{kind}.parquet") for kind in ("tokens", "rescored")
+    }
     tables = {kind: pd.read_parquet(path) for kind, path in paths.items() if path.is_file()}
     runs = []
     recipe = request.loaded.recipe
     engine = engine_for(recipe.engine)
     for name, part in split_log(lines, names).items():
-        parser = engine.parser(resolve(recipe, STAGE, name if name in recipe.stages.logprob_diff.variants else None))
+        parser = engine.parser(
+            resolve(recipe, STAGE, name if name in recipe.stages.logprob_diff.variants else None)
+        )
         for line in part:
             parser.feed(line)
         steps = parser.table()
         mine = {kind: _variant_rows(table, name) for kind, table in tables.items()}
         failure = None if len(steps) else f"variant {name}: the log holds no rollout"
-        runs.append(VariantRun(name, steps, mine.get("tokens"), part, failure, mine.get("rescored")))
+        runs.append(
+            VariantRun(name, steps, mine.get("tokens"), part, failure, mine.get("rescored"))
+        )
     return runs
 
 
@@ -234,19 +246,31 @@ def _variant_rows(table: pd.DataFrame, name: str) -> pd.DataFrame | None:
 def growth_check(name: str, by_rollout: pd.Series) -> Check:
     growth = lc.rollout_growth(by_rollout)
     if growth is None:
-        return Check(id=f"{name}:rollout_growth", ok=True, severity="info",
-                     message="one rollout only: growth along the run not measurable")
+        return Check(
+            id=f"{name}:rollout_growth",
+            ok=True,
+            severity="info",
+            message="one rollout only: growth along the run not measurable",
+        )
     return Check(
-        id=f"{name}:rollout_growth", ok=growth.ok, value=growth.worst, threshold=growth.limit,
+        id=f"{name}:rollout_growth",
+        ok=growth.ok,
+        value=growth.worst,
+        threshold=growth.limit,
         message=f"mean |d| {growth.first:.4g} at the first rollout, worst later "
         f"{growth.worst:.4g} (rollout {growth.worst_at}); limit {growth.limit:.4g} (+50 %, "
-        f"floor +0.02)" + ("" if growth.ok else ": the diff grows with training, as when the "
-                           "rollout side misses weight updates"),
+        f"floor +0.02)"
+        + (
+            ""
+            if growth.ok
+            else ": the diff grows with training, as when the rollout side misses weight updates"
+        ),
     )
 
 
-def judge_variant(run: VariantRun, limits: dict[str, tuple[float, str]],
-                  cutoff: float) -> VariantVerdict:
+def judge_variant(
+    run: VariantRun, limits: dict[str, tuple[float, str]], cutoff: float
+) -> VariantVerdict:
     checks: list[Check] = []
     if run.tokens is not None and len(run.tokens):
         lp.check_token_table(run.tokens)
@@ -255,8 +279,11 @@ def judge_variant(run: VariantRun, limits: dict[str, tuple[float, str]],
         values = overall.to_dict()
         for key in WORST_ROLLOUT_CHECKS:
             values[key] = float(rollouts[key].max())
-        summary: dict[str, Any] = {"source": "token dump", **overall.to_dict(),
-                                   **{f"worst_rollout_{k}": values[k] for k in WORST_ROLLOUT_CHECKS}}
+        summary: dict[str, Any] = {
+            "source": "token dump",
+            **overall.to_dict(),
+            **{f"worst_rollout_{k}": values[k] for k in WORST_ROLLOUT_CHECKS},
+        }
         growth = rollouts.set_index("rollout_id")["mean_abs_diff"]
         samples = lc.per_sample_abs_diff(run.tokens)
         abs_diffs = lc.token_abs_diffs(run.tokens)
@@ -267,20 +294,30 @@ def judge_variant(run: VariantRun, limits: dict[str, tuple[float, str]],
         values = scalars.to_dict()
         summary = {"source": "logged scalars", **values}
         column = run.steps.get(lp.SCALAR_ABS_DIFF)
-        growth = (pd.Series(column.to_numpy(float), index=run.steps["rollout_id"])
-                  if column is not None else pd.Series(dtype=float))
+        growth = (
+            pd.Series(column.to_numpy(float), index=run.steps["rollout_id"])
+            if column is not None
+            else pd.Series(dtype=float)
+        )
         samples = growth.dropna().to_numpy(float)
         abs_diffs, buckets = None, None
     for verdict in lp.judge(values, limits):
         shown = "not measured" if math.isnan(verdict.value) else f"{verdict.value:.4g}"
-        checks.append(Check(
-            id=f"{run.name}:{verdict.check}", ok=verdict.ok, value=verdict.value,
-            threshold=verdict.limit, key=f"stages.logprob_diff.thresholds.{verdict.check}",
-            message=f"{verdict.check} = {shown} ({'within' if verdict.ok else 'above'} "
-            f"{verdict.limit:g}, {verdict.source})",
-        ))
+        checks.append(
+            Check(
+                id=f"{run.name}:{verdict.check}",
+                ok=verdict.ok,
+                value=verdict.value,
+                threshold=verdict.limit,
+                key=f"stages.logprob_diff.thresholds.{verdict.check}",
+                message=f"{verdict.check} = {shown} ({'within' if verdict.ok else 'above'} "
+                f"{verdict.limit:g}, {verdict.source})",
+            )
+        )
     checks.append(growth_check(run.name, growth))
-    return VariantVerdict(run.name, summary, checks, samples, abs_diffs, buckets, run.tokens, run.rescored)
+    return VariantVerdict(
+        run.name, summary, checks, samples, abs_diffs, buckets, run.tokens, run.rescored
+    )
 
 
 def compare(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any]:
@@ -288,36 +325,52 @@ def compare(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any
     where the shift could be tested, both rollout paths on identical tokens."""
     shift = lc.compare_samples(variant.per_sample_abs_diff, reference.per_sample_abs_diff)
     pair = {"variant": variant.name, "reference": reference.name, **shift.to_dict()}
-    same = lc.identical_tokens(reference.tokens, variant.tokens, variant.rescored) if shift.tested else None
+    same = (
+        lc.identical_tokens(reference.tokens, variant.tokens, variant.rescored)
+        if shift.tested
+        else None
+    )
     return pair | ({"identical_tokens": same.to_dict()} if same is not None else {})
 
 
 def pair_message(pair: dict[str, Any]) -> str:
     if "low" in pair:
         sign = "higher" if pair["shift"] > 0 else "lower"
-        text = (f"mean |d| {sign} than {pair['reference']} by {abs(pair['shift']):.4g} "
-                f"(95 % interval [{pair['low']:.4g}, {pair['high']:.4g}], Mann-Whitney p = "
-                f"{pair['p_value']:.2g})" + ("" if pair["clear"] else ": not a clear difference"))
+        text = (
+            f"mean |d| {sign} than {pair['reference']} by {abs(pair['shift']):.4g} "
+            f"(95 % interval [{pair['low']:.4g}, {pair['high']:.4g}], Mann-Whitney p = "
+            f"{pair['p_value']:.2g})" + ("" if pair["clear"] else ": not a clear difference")
+        )
     else:
         text = pair["message"]
     same = pair.get("identical_tokens")
     if same and same["tokens"]:
-        where = (f"every token {pair['reference']} sampled at the first rollout, re-scored"
-                 if same["method"] == "re-scored" else "the tokens both sampled at the first rollout")
-        text += (f"; on {same['tokens']} identical tokens ({where}) its rollout logprobs "
-                 f"differ from {pair['reference']}'s by {same['mean_abs_diff']:.4g} on "
-                 f"average (mean signed {same['mean_diff']:+.4g}, max {same['max_abs_diff']:.4g})")
+        where = (
+            f"every token {pair['reference']} sampled at the first rollout, re-scored"
+            if same["method"] == "re-scored"
+            else "the tokens both sampled at the first rollout"
+        )
+        text += (
+            f"; on {same['tokens']} identical tokens ({where}) its rollout logprobs "
+            f"differ from {pair['reference']}'s by {same['mean_abs_diff']:.4g} on "
+            f"average (mean signed {same['mean_diff']:+.4g}, max {same['max_abs_diff']:.4g})"
+        )
     return text
 
 
-def judge_all(runs: list[VariantRun], reference: str | None,
-              limits: dict[str, tuple[float, str]], cutoff: float
-              ) -> tuple[Judgement, list[VariantVerdict]]:
+def judge_all(
+    runs: list[VariantRun],
+    reference: str | None,
+    limits: dict[str, tuple[float, str]],
+    cutoff: float,
+) -> tuple[Judgement, list[VariantVerdict]]:
     failures = [f"variant {r.name}: {r.failure}" for r in runs if r.failure]
     verdicts = [judge_variant(r, limits, cutoff) for r in runs if not r.failure]
     checks = [c for v in verdicts for c in v.checks]
-    summary: dict[str, Any] = {"reference": reference or runs[0].name,
-                               "variants": {v.name: v.summary for v in verdicts}}
+    summary: dict[str, Any] = {
+        "reference": reference or runs[0].name,
+        "variants": {v.name: v.summary for v in verdicts},
+    }
     ref = next((v for v in verdicts if v.name == summary["reference"]), None)
     if ref is not None:
         # The headline number under miles' own name (its per-sample-mean definition), for
@@ -325,8 +378,16 @@ def judge_all(runs: list[VariantRun], reference: str | None,
         summary["train_rollout_logprob_abs_diff"] = ref.summary.get("mean_abs_diff")
         pairs = [compare(v, ref) for v in verdicts if v is not ref]
         summary["pairwise"] = pairs
-        checks += [Check(id=f"{pair['variant']}:vs_{pair['reference']}", ok=True, severity="info",
-                         value=pair.get("shift"), message=pair_message(pair)) for pair in pairs]
+        checks += [
+            Check(
+                id=f"{pair['variant']}:vs_{pair['reference']}",
+                ok=True,
+                severity="info",
+                value=pair.get("shift"),
+                message=pair_message(pair),
+            )
+            for pair in pairs
+        ]
     if failures:
         return Judgement(checks=checks, summary=summary, error="; ".join(failures)), verdicts
     failed = sorted({c.id.split(":")[0] for c in checks if not c.ok and c.severity == "error"})
@@ -337,29 +398,44 @@ def judge_all(runs: list[VariantRun], reference: str | None,
 # --- outputs --------------------------------------------------------------------------
 
 
-def write_outputs(request: StageRequest, runs: list[VariantRun],
-                  verdicts: list[VariantVerdict], cutoff: float) -> tuple[pd.DataFrame, dict[str, str]]:
+def write_outputs(
+    request: StageRequest, runs: list[VariantRun], verdicts: list[VariantVerdict], cutoff: float
+) -> tuple[pd.DataFrame, dict[str, str]]:
     """The combined log (unless judging it in place), token table and plots; returns the
     combined step table and the artifacts."""
     log_path = request.artifact(".log")
     if request.from_log is None or request.from_log.resolve() != log_path.resolve():
-        text = "\n".join(line for r in runs for line in [marker(r.name), *r.log_lines, *r.rescore_log]) + "\n"
+        text = (
+            "\n".join(line for r in runs for line in [marker(r.name), *r.log_lines, *r.rescore_log])
+            + "\n"
+        )
         atomic_write_text(log_path, text)
     steps = pd.concat([r.steps.assign(variant=r.name) for r in runs], ignore_index=True)
     artifacts: dict[str, str] = {}
     for kind in ("tokens", "rescored"):
-        tables = [getattr(r, kind).assign(variant=r.name) for r in runs if getattr(r, kind) is not None]
+        tables = [
+            getattr(r, kind).assign(variant=r.name) for r in runs if getattr(r, kind) is not None
+        ]
         if tables:
-            artifacts[kind] = str(write_steps(pd.concat(tables, ignore_index=True),
-                                              request.artifact(f".{kind}.parquet")))
+            artifacts[kind] = str(
+                write_steps(
+                    pd.concat(tables, ignore_index=True), request.artifact(f".{kind}.parquet")
+                )
+            )
     with_tokens = [v for v in verdicts if v.abs_diffs is not None]
     if with_tokens:
         from recipeval.analysis.plots import abs_diff_by_position, abs_diff_histogram
 
-        artifacts["histogram"] = str(abs_diff_histogram(
-            {v.name: v.abs_diffs for v in with_tokens}, request.artifact(".hist.png"), cutoff))
-        artifacts["by_position"] = str(abs_diff_by_position(
-            {v.name: v.buckets for v in with_tokens}, request.artifact(".position.png")))
+        artifacts["histogram"] = str(
+            abs_diff_histogram(
+                {v.name: v.abs_diffs for v in with_tokens}, request.artifact(".hist.png"), cutoff
+            )
+        )
+        artifacts["by_position"] = str(
+            abs_diff_by_position(
+                {v.name: v.buckets for v in with_tokens}, request.artifact(".position.png")
+            )
+        )
     return steps, artifacts
 
 

@@ -50,7 +50,8 @@ def finite_check(steps: pd.DataFrame, check_id: str, column: str) -> Check:
         id=check_id,
         ok=bad.empty,
         value=worst if bad.empty else [int(i) for i in bad],
-        message=f"{column} finite at every rollout" if bad.empty
+        message=f"{column} finite at every rollout"
+        if bad.empty
         else f"{column} not finite (or missing) at rollout ids {', '.join(str(int(i)) for i in bad)}",
     )
 
@@ -58,12 +59,19 @@ def finite_check(steps: pd.DataFrame, check_id: str, column: str) -> Check:
 def step0_check(steps: pd.DataFrame, check_id: str, column: str, limit: float) -> Check:
     values = _column(steps, column)
     if values is None or steps.empty or pd.isna(values.iloc[0]):
-        return Check(id=check_id, ok=False, threshold=limit,
-                     message=f"{column} at the first step was not logged")
+        return Check(
+            id=check_id,
+            ok=False,
+            threshold=limit,
+            message=f"{column} at the first step was not logged",
+        )
     value = float(values.iloc[0])
     ok = math.isfinite(value) and abs(value) <= limit
     return Check(
-        id=check_id, ok=ok, value=value, threshold=limit,
+        id=check_id,
+        ok=ok,
+        value=value,
+        threshold=limit,
         message=f"{column} at step {int(steps['rollout_id'].iloc[0])} = {value:.3g} "
         f"({'within' if ok else 'above'} {limit:g}: the first update starts from the sampling policy)",
     )
@@ -73,26 +81,46 @@ def judge(outcome: StageRun, expected: int) -> Judgement:
     steps = outcome.steps
     failure = run_failure(outcome)
     trained = trained_rollouts(steps)
-    if failure is None and outcome.run is None and len(trained) < expected and any(
-        PY_TRACEBACK in line for line in outcome.tail
+    if (
+        failure is None
+        and outcome.run is None
+        and len(trained) < expected
+        and any(PY_TRACEBACK in line for line in outcome.tail)
     ):
-        failure = f"the logged run crashed; last log lines ({outcome.log_path}):\n{outcome.tail_text()}"
+        failure = (
+            f"the logged run crashed; last log lines ({outcome.log_path}):\n{outcome.tail_text()}"
+        )
     checks: list[Check] = []
     if outcome.run is not None:
-        checks.append(Check(
-            id="exit_status", ok=outcome.run.exit_code == 0 and not outcome.run.timed_out,
-            value=outcome.run.exit_code, threshold=0,
-            message=outcome.run.detail or "exited with status 0",
-        ))
+        checks.append(
+            Check(
+                id="exit_status",
+                ok=outcome.run.exit_code == 0 and not outcome.run.timed_out,
+                value=outcome.run.exit_code,
+                threshold=0,
+                message=outcome.run.detail or "exited with status 0",
+            )
+        )
     else:
-        checks.append(Check(id="exit_status", ok=True, severity="info",
-                            message="judged from an existing log: exit status unknown"))
+        checks.append(
+            Check(
+                id="exit_status",
+                ok=True,
+                severity="info",
+                message="judged from an existing log: exit status unknown",
+            )
+        )
     ids = trained
-    checks.append(Check(
-        id="rollouts_logged", ok=len(ids) == expected, value=len(ids), threshold=expected,
-        message=f"{len(ids)} of {expected} rollout ids logged with training metrics"
-        + (f" ({ids[0]}..{ids[-1]})" if ids else ""),
-    ))
+    checks.append(
+        Check(
+            id="rollouts_logged",
+            ok=len(ids) == expected,
+            value=len(ids),
+            threshold=expected,
+            message=f"{len(ids)} of {expected} rollout ids logged with training metrics"
+            + (f" ({ids[0]}..{ids[-1]})" if ids else ""),
+        )
+    )
     checks += [
         finite_check(steps, "loss_finite", "train/loss"),
         finite_check(steps, "grad_norm_finite", "train/grad_norm"),
@@ -101,15 +129,24 @@ def judge(outcome: StageRun, expected: int) -> Judgement:
         finite_check(steps, "logprob_abs_diff_finite", "train/train_rollout_logprob_abs_diff"),
     ]
     if outcome.parsed.malformed_count:
-        checks.append(Check(
-            id="malformed_log_lines", ok=True, severity="warning",
-            value=outcome.parsed.malformed_count,
-            message=f"{outcome.parsed.malformed_count} metric line(s) could not be read and were "
-            f"skipped (first at log line {outcome.parsed.malformed[0].line_number})",
-        ))
+        checks.append(
+            Check(
+                id="malformed_log_lines",
+                ok=True,
+                severity="warning",
+                value=outcome.parsed.malformed_count,
+                message=f"{outcome.parsed.malformed_count} metric line(s) could not be read and were "
+                f"skipped (first at log line {outcome.parsed.malformed[0].line_number})",
+            )
+        )
     summary = {"expected_rollouts": expected}
-    for column in ("train/loss", "train/grad_norm", "train/train_rollout_logprob_abs_diff",
-                   "perf/step_time", "cycle_time"):
+    for column in (
+        "train/loss",
+        "train/grad_norm",
+        "train/train_rollout_logprob_abs_diff",
+        "perf/step_time",
+        "cycle_time",
+    ):
         values = _column(steps, column)
         finite = values[values.map(math.isfinite)] if values is not None else None
         if finite is not None and not finite.empty:

@@ -37,7 +37,13 @@ METRIC_MESSAGE = re.compile(
 )
 # numpy 2 scalar reprs (`np.float64(0.5)`) and torch's `tensor(0.5)` wrap a plain number.
 NUMBER_WRAPPERS = re.compile(r"^(?:(?:np|numpy)\.(?:float\d*|u?int\d*|bool_?)|tensor|float|int)$")
-NON_FINITE = {"nan": math.nan, "inf": math.inf, "infinity": math.inf, "NaN": math.nan, "Infinity": math.inf}
+NON_FINITE = {
+    "nan": math.nan,
+    "inf": math.inf,
+    "infinity": math.inf,
+    "NaN": math.nan,
+    "Infinity": math.inf,
+}
 
 ROLLOUT_ID, TIMESTAMP, CYCLE_TIME = "rollout_id", "timestamp", "cycle_time"
 
@@ -57,7 +63,9 @@ class _Literals(ast.NodeTransformer):
             arg = self.visit(node.args[0])
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                 # float('nan'), float('inf')
-                return ast.copy_location(ast.Constant(NON_FINITE.get(arg.value.lower(), arg.value)), node)
+                return ast.copy_location(
+                    ast.Constant(NON_FINITE.get(arg.value.lower(), arg.value)), node
+                )
             return arg
         return node
 
