@@ -30,7 +30,9 @@ def make_recipes(folder: Path, count: int) -> None:
     text = TINY.read_text()
     folder.mkdir(parents=True)
     for i in range(count):
-        body = text.replace("name: tiny-grpo-cpu", f"name: tiny-{i:03d}").replace("seed: 1234", f"seed: {i}")
+        body = text.replace("name: tiny-grpo-cpu", f"name: tiny-{i:03d}").replace(
+            "seed: 1234", f"seed: {i}"
+        )
         (folder / f"tiny-{i:03d}.yaml").write_text(body)
 
 
@@ -40,8 +42,16 @@ def _children_cpu() -> float:
 
 
 def dry_run(workdir: Path) -> tuple[float, float, int]:
-    argv = [str(Path(sys.executable).with_name("snakemake")), "--snakefile", str(REPO / "Snakefile"),
-            "--directory", str(workdir), "-n", "--quiet", "rules"]
+    argv = [
+        str(Path(sys.executable).with_name("snakemake")),
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "-n",
+        "--quiet",
+        "rules",
+    ]
     started, cpu_before = time.perf_counter(), _children_cpu()
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     elapsed, cpu = time.perf_counter() - started, _children_cpu() - cpu_before
@@ -65,10 +75,12 @@ def main() -> None:
             times.append(elapsed)
             cpus.append(cpu)
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-        print(f"snakemake -n over {args.recipes} recipes: {jobs} jobs planned; "
-              f"wall median {statistics.median(times):.2f} s (runs: {', '.join(f'{t:.2f}' for t in times)}); "
-              f"CPU median {statistics.median(cpus):.2f} s; load average {load} on {os.cpu_count()} cores; "
-              "target < 10 s")
+        print(
+            f"snakemake -n over {args.recipes} recipes: {jobs} jobs planned; "
+            f"wall median {statistics.median(times):.2f} s (runs: {', '.join(f'{t:.2f}' for t in times)}); "
+            f"CPU median {statistics.median(cpus):.2f} s; load average {load} on {os.cpu_count()} cores; "
+            "target < 10 s"
+        )
 
 
 if __name__ == "__main__":

@@ -57,15 +57,21 @@ def main() -> None:
             "rollout_id": rollout_id,
             "response_tokens": int(batch.response_mask.sum()),
             "samples": len(batch.response_mask),
-            "rollout_wall_s": rollout_wall, "rollout_cpu_s": rollout_cpu,
-            "train_wall_s": train_wall, "train_cpu_s": train_cpu,
+            "rollout_wall_s": rollout_wall,
+            "rollout_cpu_s": rollout_cpu,
+            "train_wall_s": train_wall,
+            "train_cpu_s": train_cpu,
             "sync_wall_s": sync_wall,
             "step_wall_s": rollout_wall + train_wall + sync_wall,
             "step_cpu_s": rollout_cpu + train_cpu + sync_cpu,
-            "load_average_1m": load, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "load_average_1m": load,
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
         }
-        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}),
-              flush=True)
+        print(
+            json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

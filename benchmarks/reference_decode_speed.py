@@ -31,8 +31,13 @@ def _sync(device: torch.device) -> None:
 def time_generate(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int) -> float:
     """Seconds for transformers' own sampling loop with its default (dynamic) cache."""
     kwargs = {
-        "do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
-        "max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "pad_token_id": PAD_ID,
+        "do_sample": True,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "max_new_tokens": new_tokens,
+        "min_new_tokens": new_tokens,
+        "pad_token_id": PAD_ID,
         "eos_token_id": EOS_ID,
     }
     model.generate(prompts, **{**kwargs, "max_new_tokens": 8, "min_new_tokens": 8})  # warm-up
@@ -44,13 +49,26 @@ def time_generate(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int
     return time.perf_counter() - start
 
 
-def time_decoder(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int, cuda_graph: bool,
-                 compile_step: bool, bucket: int) -> tuple[float, float]:
+def time_decoder(
+    model: torch.nn.Module,
+    prompts: torch.Tensor,
+    new_tokens: int,
+    cuda_graph: bool,
+    compile_step: bool,
+    bucket: int,
+) -> tuple[float, float]:
     """(setup seconds incl. graph capture, seconds for one full batch of new_tokens)."""
     decoder = StaticCacheDecoder(
-        model, batch_size=len(prompts), prompt_len=PROMPT_TOKENS, max_new=new_tokens,
-        temperature=1.0, top_p=1.0, ignore_eos=True, cuda_graph=cuda_graph,
-        compile_step=compile_step, window_bucket=bucket,
+        model,
+        batch_size=len(prompts),
+        prompt_len=PROMPT_TOKENS,
+        max_new=new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        ignore_eos=True,
+        cuda_graph=cuda_graph,
+        compile_step=compile_step,
+        window_bucket=bucket,
     )
     start = time.perf_counter()
     decoder.generate(prompts)  # first call: cache allocation, capture (and compile)
@@ -84,14 +102,26 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    shape = ModelShape(args.layers, args.hidden, args.ffn, args.heads, args.kv_heads, args.vocab,
-                       PROMPT_TOKENS + max(args.new_tokens, args.baseline_tokens) + 64)
+    shape = ModelShape(
+        args.layers,
+        args.hidden,
+        args.ffn,
+        args.heads,
+        args.kv_heads,
+        args.vocab,
+        PROMPT_TOKENS + max(args.new_tokens, args.baseline_tokens) + 64,
+    )
     model = cast_weights(build_model(shape, 0, args.attn), device, DTYPES[args.dtype]).eval()
-    prompts = torch.tensor([q.prompt_ids() for q in problems(0, "bench", 0, args.batch)], device=device)
+    prompts = torch.tensor(
+        [q.prompt_ids() for q in problems(0, "bench", 0, args.batch)], device=device
+    )
     summary: dict[str, object] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "parameters": parameter_count(model), "batch": args.batch, "dtype": args.dtype,
-        "attn": args.attn, "torch": torch.__version__,
+        "parameters": parameter_count(model),
+        "batch": args.batch,
+        "dtype": args.dtype,
+        "attn": args.attn,
+        "torch": torch.__version__,
     }
     import transformers
 
@@ -100,21 +130,38 @@ def main() -> None:
         if args.baseline_tokens:
             seconds = time_generate(model, prompts, args.baseline_tokens)
             tps = args.batch * args.baseline_tokens / seconds
-            summary["generate"] = {"new_tokens": args.baseline_tokens, "seconds": seconds,
-                                   "tokens_per_s": tps, "ms_per_step": 1000 * seconds / args.baseline_tokens}
-            print(f"generate(): {args.baseline_tokens} tokens x {args.batch} in {seconds:.2f} s = "
-                  f"{tps:.0f} tok/s, {1000 * seconds / args.baseline_tokens:.2f} ms/step", flush=True)
+            summary["generate"] = {
+                "new_tokens": args.baseline_tokens,
+                "seconds": seconds,
+                "tokens_per_s": tps,
+                "ms_per_step": 1000 * seconds / args.baseline_tokens,
+            }
+            print(
+                f"generate(): {args.baseline_tokens} tokens x {args.batch} in {seconds:.2f} s = "
+                f"{tps:.0f} tok/s, {1000 * seconds / args.baseline_tokens:.2f} ms/step",
+                flush=True,
+            )
         for mode in filter(None, args.modes.split(",")):
             graph, compiled = mode in ("graph", "compile-graph"), mode.startswith("compile")
             bucket = args.bucket if mode != "compile-graph" else PROMPT_TOKENS + args.new_tokens
             setup, seconds = time_decoder(model, prompts, args.new_tokens, graph, compiled, bucket)
             tps = args.batch * args.new_tokens / seconds
-            summary[mode] = {"new_tokens": args.new_tokens, "seconds": seconds, "setup_seconds": setup,
-                             "tokens_per_s": tps, "ms_per_step": 1000 * seconds / args.new_tokens}
-            print(f"{mode}: {args.new_tokens} tokens x {args.batch} in {seconds:.2f} s = {tps:.0f} "
-                  f"tok/s, {1000 * seconds / args.new_tokens:.2f} ms/step (setup {setup:.1f} s)", flush=True)
+            summary[mode] = {
+                "new_tokens": args.new_tokens,
+                "seconds": seconds,
+                "setup_seconds": setup,
+                "tokens_per_s": tps,
+                "ms_per_step": 1000 * seconds / args.new_tokens,
+            }
+            print(
+                f"{mode}: {args.new_tokens} tokens x {args.batch} in {seconds:.2f} s = {tps:.0f} "
+                f"tok/s, {1000 * seconds / args.new_tokens:.2f} ms/step (setup {setup:.1f} s)",
+                flush=True,
+            )
             if "generate" in summary:
-                print(f"  speed-up over generate(): {tps / summary['generate']['tokens_per_s']:.1f}x")
+                print(
+                    f"  speed-up over generate(): {tps / summary['generate']['tokens_per_s']:.1f}x"
+                )
     print(json.dumps(summary, indent=2))
 
 

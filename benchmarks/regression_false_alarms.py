@@ -36,8 +36,10 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     settings = RegressionSettings()
     print(f"settings: {settings}; {args.trials} histories per row")
-    print(f"{'noise':6} {'cv':>5} {'nights':>6} {'false alarm':>12} {'6% night 1':>11} "
-          f"{'6% by night 3':>13} {'absorbed FA':>12}")
+    print(
+        f"{'noise':6} {'cv':>5} {'nights':>6} {'false alarm':>12} {'6% night 1':>11} "
+        f"{'6% by night 3':>13} {'absorbed FA':>12}"
+    )
     started = time.perf_counter()
     for tails in ("gauss", "t3"):
         for cv in (0.01, 0.02, 0.03, 0.05):
@@ -46,18 +48,25 @@ def main() -> None:
                 for _ in range(args.trials):
                     x = draw(rng, nights + 4, cv, tails)
                     history, same = list(x[:nights]), x[nights]
-                    shifted = list(x[nights + 1:] * 1.06)
+                    shifted = list(x[nights + 1 :] * 1.06)
                     fa += judge(METRIC, history, same, settings).kind != "unchanged"
-                    flags = [judge(METRIC, history + shifted[:i], shifted[i], settings).kind == "regression"
-                             for i in range(3)]
+                    flags = [
+                        judge(METRIC, history + shifted[:i], shifted[i], settings).kind
+                        == "regression"
+                        for i in range(3)
+                    ]
                     det += flags[0]
                     det3 += any(flags)
                     old = draw(rng, nights + 1, cv, tails)
-                    old[nights // 2:] *= 1.08
-                    absorbed += judge(METRIC, old[:nights], old[nights], settings).kind != "unchanged"
+                    old[nights // 2 :] *= 1.08
+                    absorbed += (
+                        judge(METRIC, old[:nights], old[nights], settings).kind != "unchanged"
+                    )
                 n = args.trials
-                print(f"{tails:6} {cv:5.2f} {nights:6d} {fa / n:12.2%} {det / n:11.2%} {det3 / n:13.2%} "
-                      f"{absorbed / n:12.2%}")
+                print(
+                    f"{tails:6} {cv:5.2f} {nights:6d} {fa / n:12.2%} {det / n:11.2%} {det3 / n:13.2%} "
+                    f"{absorbed / n:12.2%}"
+                )
     print(f"elapsed {time.perf_counter() - started:.1f} s")
 
 

@@ -25,15 +25,21 @@ import pyarrow.parquet as pq
 
 def engine(flags: list[str], *extra: str) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "recipeval.reference", *flags, *extra], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "recipeval.reference", *flags, *extra],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return time.perf_counter() - started
 
 
 def masked(path: Path) -> dict[str, np.ndarray]:
     table = pq.read_table(path).to_pandas().sort_values(["rollout_id", "sample", "position"])
     keep = table["loss_mask"].to_numpy() == 1
-    return {c: table[c].to_numpy()[keep] for c in ("rollout_id", "token_id", "logp_rollout", "logp_train")}
+    return {
+        c: table[c].to_numpy()[keep]
+        for c in ("rollout_id", "token_id", "logp_rollout", "logp_train")
+    }
 
 
 def describe(label: str, sampled: dict[str, np.ndarray], scored: dict[str, np.ndarray]) -> None:
@@ -44,17 +50,23 @@ def describe(label: str, sampled: dict[str, np.ndarray], scored: dict[str, np.nd
     for rollout in np.unique(sampled["rollout_id"]):
         at = sampled["rollout_id"] == rollout
         d = scored["logp_rollout"][at].astype(float) - sampled["logp_rollout"][at].astype(float)
-        train = np.abs(scored["logp_train"][at].astype(float) - sampled["logp_train"][at].astype(float))
-        print(f"{label:>18} rollout {rollout}: {at.sum()} tokens; |d| mean {np.abs(d).mean():.3g}, p99 "
-              f"{np.quantile(np.abs(d), 0.99):.3g}, max {np.abs(d).max():.3g}; signed mean "
-              f"{d.mean():+.3g}; bitwise equal {np.mean(d == 0):.1%}; trainer side max |d| {train.max():.3g}")
+        train = np.abs(
+            scored["logp_train"][at].astype(float) - sampled["logp_train"][at].astype(float)
+        )
+        print(
+            f"{label:>18} rollout {rollout}: {at.sum()} tokens; |d| mean {np.abs(d).mean():.3g}, p99 "
+            f"{np.quantile(np.abs(d), 0.99):.3g}, max {np.abs(d).max():.3g}; signed mean "
+            f"{d.mean():+.3g}; bitwise equal {np.mean(d == 0):.1%}; trainer side max |d| {train.max():.3g}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, help="folder for the dumps (default: a temp dir)")
     parser.add_argument("--rollouts", type=int, default=2)
-    parser.add_argument("--dtypes", nargs="*", default=["float32"], help="other rollout dtypes to score with")
+    parser.add_argument(
+        "--dtypes", nargs="*", default=["float32"], help="other rollout dtypes to score with"
+    )
     parser.add_argument("flags", nargs=argparse.REMAINDER, help="engine flags after --")
     args = parser.parse_args()
     flags = [f for f in args.flags if f != "--"] + ["--num-rollout", str(args.rollouts)]

@@ -33,12 +33,17 @@ def smoke_once(recipe: Path, runner: str, env: dict[str, str]) -> tuple[float, d
         start = time.perf_counter()
         proc = subprocess.run(
             [RECIPEVAL, "smoke", str(recipe), "--out", out, "--runner", runner, "--exit-zero"],
-            capture_output=True, text=True, env=env, check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
         )
         wall = time.perf_counter() - start
         result_path = Path(out) / "smoke.json"
         if not result_path.exists():
-            sys.exit(f"{runner}: no result written (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+            sys.exit(
+                f"{runner}: no result written (exit {proc.returncode}):\n{proc.stderr[-2000:]}"
+            )
         return wall, json.loads(result_path.read_text())
 
 
@@ -48,7 +53,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
 
-    base_env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RECIPEVAL_RAY_STATE_DIR")}
+    base_env = {
+        k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RECIPEVAL_RAY_STATE_DIR")
+    }
     state_dir = Path(tempfile.mkdtemp(prefix="rv-bench-ray-"))
     shared_env = {**base_env, "RECIPEVAL_RAY_STATE_DIR": str(state_dir)}
     modes = [
@@ -60,10 +67,13 @@ def main() -> None:
         # Warm the shared head so its mode measures a later stage of a pipeline run.
         subprocess.run(
             [sys.executable, "-c", WARM_SHARED_HEAD, str(state_dir)],
-            check=True, env=shared_env,
+            check=True,
+            env=shared_env,
         )
-        print(f"recipe {args.recipe}, {args.repeat} run(s) per mode, {os.cpu_count()} CPUs, "
-              f"load average {os.getloadavg()[0]:.1f}")
+        print(
+            f"recipe {args.recipe}, {args.repeat} run(s) per mode, {os.cpu_count()} CPUs, "
+            f"load average {os.getloadavg()[0]:.1f}"
+        )
         print(f"{'mode':<22} {'command wall s':>15} {'run wall s':>11}  status")
         for label, runner, env in modes:
             walls, runs, statuses, problems = [], [], [], []
@@ -74,13 +84,19 @@ def main() -> None:
                 statuses.append(result["status"])
                 if result["status"] != "pass":
                     problems.append(result["message"].splitlines()[0] if result["message"] else "")
-            print(f"{label:<22} {statistics.median(walls):>15.1f} {statistics.median(runs):>11.1f}"
-                  f"  {','.join(statuses)}")
+            print(
+                f"{label:<22} {statistics.median(walls):>15.1f} {statistics.median(runs):>11.1f}"
+                f"  {','.join(statuses)}"
+            )
             for problem in problems:
                 print(f"  {label}: {problem}")
     finally:
-        subprocess.run([RECIPEVAL, "ray-down", "--state-dir", str(state_dir)], check=False,
-                       env=shared_env, capture_output=True)
+        subprocess.run(
+            [RECIPEVAL, "ray-down", "--state-dir", str(state_dir)],
+            check=False,
+            env=shared_env,
+            capture_output=True,
+        )
 
 
 if __name__ == "__main__":

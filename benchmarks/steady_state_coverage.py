@@ -76,11 +76,12 @@ def bootstrap_coverage(traces: list[Trace], length: int, statistic, method: str)
     covered = []
     for t in traces:
         x = t.values[:length]
-        y = x[detect_warmup(x):]
+        y = x[detect_warmup(x) :]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ci = stats.bootstrap((y,), statistic, n_resamples=999, method=method, rng=rng,
-                                 axis=-1).confidence_interval
+            ci = stats.bootstrap(
+                (y,), statistic, n_resamples=999, method=method, rng=rng, axis=-1
+            ).confidence_interval
         covered.append(ci.low <= t.mean <= ci.high)
     return float(np.mean(covered))
 
@@ -104,18 +105,23 @@ def adaptive(traces: list[Trace], rule: StoppingRule) -> dict[str, float]:
         capped.append(decision.reason == "max_steps")
         odd.append(len(decision.estimates["t"].odd))
     return {
-        "mean_steps": float(np.mean(steps)), "median_steps": float(np.median(steps)),
-        "p95_err": float(np.quantile(errors, 0.95)), "coverage": float(np.mean(covered)),
-        "capped": float(np.mean(capped)), "odd": float(np.mean(odd)),
+        "mean_steps": float(np.mean(steps)),
+        "median_steps": float(np.median(steps)),
+        "p95_err": float(np.quantile(errors, 0.95)),
+        "coverage": float(np.mean(covered)),
+        "capped": float(np.mean(capped)),
+        "odd": float(np.mean(odd)),
     }
 
 
 def describe(res: dict[str, float], rule: StoppingRule, fixed_steps: int | None = None) -> str:
     saving = "" if fixed_steps is None else f", saving {1 - res['mean_steps'] / fixed_steps:.0%}"
-    return (f"rel_ci {rule.rel_ci:.2%}: mean {res['mean_steps']:.1f} steps (median "
-            f"{res['median_steps']:.0f}){saving}; 95 % of errors within +/-{res['p95_err']:.2%}; "
-            f"coverage at stop {res['coverage']:.1%}; odd steps dropped {res['odd']:.2f} a "
-            f"trace; hit max_steps {res['capped']:.1%}")
+    return (
+        f"rel_ci {rule.rel_ci:.2%}: mean {res['mean_steps']:.1f} steps (median "
+        f"{res['median_steps']:.0f}){saving}; 95 % of errors within +/-{res['p95_err']:.2%}; "
+        f"coverage at stop {res['coverage']:.1%}; odd steps dropped {res['odd']:.2f} a "
+        f"trace; hit max_steps {res['capped']:.1%}"
+    )
 
 
 def calibrate(traces: list[Trace], precision: float, min_steps: int) -> float:
@@ -125,7 +131,10 @@ def calibrate(traces: list[Trace], precision: float, min_steps: int) -> float:
     low, high = precision, min(8 * precision, 0.99)
     for _ in range(6):
         mid = (low + high) / 2
-        if adaptive(traces, StoppingRule(mid, min_steps, ADAPTIVE_MAX_STEPS))["p95_err"] > precision:
+        if (
+            adaptive(traces, StoppingRule(mid, min_steps, ADAPTIVE_MAX_STEPS))["p95_err"]
+            > precision
+        ):
             high = mid
         else:
             low = mid
@@ -140,7 +149,9 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     traces = [make_trace(rng) for _ in range(args.traces)]
     t0 = time.perf_counter()
-    print(f"{args.traces} synthetic traces (seed {args.seed}); trace model in this script's docstring\n")
+    print(
+        f"{args.traces} synthetic traces (seed {args.seed}); trace model in this script's docstring\n"
+    )
 
     print("1. warm-up detection (target: within one step in >= 95 % of traces)")
     for length in (10, 20, 40):
@@ -150,18 +161,24 @@ def main() -> None:
     print("\n2. coverage of the true steady mean by the 95 % interval (nominal 95 %)")
     for length in (10, 20, 40):
         cov, width = fixed_length_coverage(traces, length)
-        print(f"   odd steps out, 10% trimmed mean, Tukey-McLaughlin, first {length:2d} steps: "
-              f"coverage {cov:6.1%}   median width {width:.2%} of the value")
+        print(
+            f"   odd steps out, 10% trimmed mean, Tukey-McLaughlin, first {length:2d} steps: "
+            f"coverage {cov:6.1%}   median width {width:.2%} of the value"
+        )
     trim = lambda y, axis=-1: stats.trim_mean(y, 0.1, axis=axis)
     for name, statistic, method in (
         ("bootstrap BCa, 10% trimmed mean", trim, "BCa"),
         ("bootstrap percentile, median", lambda y, axis=-1: np.median(y, axis=axis), "percentile"),
     ):
-        print(f"   {name}, first 20 steps: coverage "
-              f"{bootstrap_coverage(traces, 20, statistic, method):6.1%}   (not used; for comparison)")
+        print(
+            f"   {name}, first 20 steps: coverage "
+            f"{bootstrap_coverage(traces, 20, statistic, method):6.1%}   (not used; for comparison)"
+        )
 
     print("\n3. steps to a verdict at the same precision (target: >= 30 % fewer steps)")
-    print("   (rel_ci per min_steps set on other traces; the min_steps of fewest steps there is the pick)")
+    print(
+        "   (rel_ci per min_steps set on other traces; the min_steps of fewest steps there is the pick)"
+    )
     calib_rng = np.random.default_rng(args.seed + 1)
     calibration = [make_trace(calib_rng) for _ in range(args.traces)]
     for name, schedule, fixed_steps in (
@@ -173,12 +190,15 @@ def main() -> None:
         print(f"   {name}: {fixed_steps} steps; 95 % of its errors within +/-{precision:.2%}")
         claimed = StoppingRule(rel_ci=2 * precision, min_steps=5, max_steps=ADAPTIVE_MAX_STEPS)
         res = adaptive(traces, claimed)
-        print("      adaptive, min_steps 5, interval claims the same precision: "
-              + describe(res, claimed, fixed_steps))
+        print(
+            "      adaptive, min_steps 5, interval claims the same precision: "
+            + describe(res, claimed, fixed_steps)
+        )
         candidates = []
         for min_steps in (3, 4, 5, 6, 9):
-            rule = StoppingRule(calibrate(calibration, precision, min_steps), min_steps,
-                                ADAPTIVE_MAX_STEPS)
+            rule = StoppingRule(
+                calibrate(calibration, precision, min_steps), min_steps, ADAPTIVE_MAX_STEPS
+            )
             held_out = adaptive(calibration, rule)
             if held_out["p95_err"] <= precision:
                 candidates.append((held_out["mean_steps"], rule))
@@ -188,13 +208,17 @@ def main() -> None:
         pick = min(candidates, key=lambda c: c[0])[1]
         results = {rule.min_steps: adaptive(traces, rule) for _, rule in candidates}
         for _, rule in candidates:
-            print(f"      adaptive, min_steps {rule.min_steps}, precision matched: "
-                  + describe(results[rule.min_steps], rule, fixed_steps)
-                  + ("  <- pick" if rule is pick else ""))
+            print(
+                f"      adaptive, min_steps {rule.min_steps}, precision matched: "
+                + describe(results[rule.min_steps], rule, fixed_steps)
+                + ("  <- pick" if rule is pick else "")
+            )
         res = results[pick.min_steps]
-        print(f"      picked rule: {1 - res['mean_steps'] / fixed_steps:.0%} fewer steps (min_steps "
-              f"{pick.min_steps}, rel_ci {pick.rel_ci:.2%}; 95 % of errors within "
-              f"+/-{res['p95_err']:.2%} against the schedule's +/-{precision:.2%})")
+        print(
+            f"      picked rule: {1 - res['mean_steps'] / fixed_steps:.0%} fewer steps (min_steps "
+            f"{pick.min_steps}, rel_ci {pick.rel_ci:.2%}; 95 % of errors within "
+            f"+/-{res['p95_err']:.2%} against the schedule's +/-{precision:.2%})"
+        )
     default = StoppingRule(rel_ci=0.03, min_steps=5, max_steps=ADAPTIVE_MAX_STEPS)
     print("   default rule, min_steps 5: " + describe(adaptive(traces, default), default))
     print(f"\n({time.perf_counter() - t0:.0f} s)")

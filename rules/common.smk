@@ -9,12 +9,11 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from recipeval.recipe import RecipeErrors, load_recipe
+from recipeval.recipe import STAGES, InvalidRecipe, load_recipe
 
 validate(config, workflow.source_path("../config/config.schema.yaml"))
 
 RESULTS = config["results"]
-STAGES = ("env_check", "smoke", "logprob_diff", "bench")
 SELECTED = [s for s in STAGES if s in config["stages"]]
 LAUNCHER_ENV = "../envs/recipeval.yaml"
 # `--config gpu_group=none` (or null, or empty) submits each GPU stage as its own job.
@@ -76,7 +75,7 @@ def recipe_table(selection):
             continue
         try:
             row = _load_row(path)
-        except RecipeErrors as errs:
+        except InvalidRecipe as errs:
             problems.extend(str(e) for e in errs.errors)
             continue
         if row.name in rows:

@@ -8,6 +8,10 @@ if ! .venv/bin/ruff check --quiet .; then
   echo "scripts/test.sh: ruff found the problems above; 'ruff check --fix' mends most" >&2
   exit 1
 fi
+if ! .venv/bin/ruff format --check --quiet .; then
+  echo "scripts/test.sh: ruff format would change the files above; run 'ruff format'" >&2
+  exit 1
+fi
 # RECIPEVAL_SLURM_E2E=0 leaves out the pipeline-through-Slurm module (about a quarter of the
 # suite's time) for a quick local run; CI runs everything.
 marker=()

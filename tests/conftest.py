@@ -19,8 +19,16 @@ TINY_RECIPE = RECIPES / "local" / "tiny-grpo-cpu.yaml"
 
 # Variables render reads from the environment; cleared so golden output does not depend on
 # the machine the tests run on.
-RENDER_ENV_VARS = ("MILES_DIR", "MEGATRON_PATH", "RAY_ADDRESS", "MASTER_ADDR", "NCCL_NVLS_ENABLE",
-                   "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG")
+RENDER_ENV_VARS = (
+    "MILES_DIR",
+    "MEGATRON_PATH",
+    "RAY_ADDRESS",
+    "MASTER_ADDR",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_DEBUG",
+)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -29,11 +37,17 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "recipeval", *args], check=False, capture_output=True, text=True,
-        env=env if env is not None else clean_env(), cwd=cwd or REPO, timeout=timeout,
+        [sys.executable, "-m", "recipeval", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env if env is not None else clean_env(),
+        cwd=cwd or REPO,
+        timeout=timeout,
     )
 
 

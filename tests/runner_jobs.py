@@ -43,13 +43,24 @@ def python_launch(program: str, *args: str, env: dict[str, str] | None = None) -
     argv = [sys.executable, "-c", program, *args]
     env = dict(env or {})
     return Launch(
-        argv=argv, env=env, entrypoint=argv, runtime_env={"env_vars": env},
-        resources=Resources(1, 0), recipe_sha256="0" * 64, engine="reference", stage="smoke",
+        argv=argv,
+        env=env,
+        entrypoint=argv,
+        runtime_env={"env_vars": env},
+        resources=Resources(1, 0),
+        recipe_sha256="0" * 64,
+        engine="reference",
+        stage="smoke",
     )
 
 
-def miles_like_program(rollouts: int, crash_after: int | None = None, hang_after: int | None = None,
-                       ppo_kl0: float = 0.0, print_env: str | None = None) -> str:
+def miles_like_program(
+    rollouts: int,
+    crash_after: int | None = None,
+    hang_after: int | None = None,
+    ppo_kl0: float = 0.0,
+    print_env: str | None = None,
+) -> str:
     """A program that logs `rollouts` rollouts in miles' format, then exits 0; or raises after
     `crash_after` rollouts; or hangs after `hang_after`; optionally prints an env var."""
     return (
@@ -59,12 +70,19 @@ def miles_like_program(rollouts: int, crash_after: int | None = None, hang_after
         "    print(f'[{stamp} fake] train.py:1 - {msg}', flush=True)\n"
         + (f"print('env says', os.environ.get({print_env!r}), flush=True)\n" if print_env else "")
         + f"for i in range({rollouts}):\n"
-        + (f"    if i == {crash_after}:\n        raise RuntimeError('NCCL error: planted crash at rollout ' + str(i))\n"
-           if crash_after is not None else "")
-        + (f"    if i == {hang_after}:\n        time.sleep(600)\n" if hang_after is not None else "")
+        + (
+            f"    if i == {crash_after}:\n        raise RuntimeError('NCCL error: planted crash at rollout ' + str(i))\n"
+            if crash_after is not None
+            else ""
+        )
+        + (
+            f"    if i == {hang_after}:\n        time.sleep(600)\n"
+            if hang_after is not None
+            else ""
+        )
         + "    log(f\"perf {i}: {{'perf/rollout_time': 0.01, 'rollout/raw_reward': 0.5}}\")\n"
         + f"    kl = {ppo_kl0!r} if i == 0 else 0.001\n"
         + "    log(f\"step {i}: {{'train/loss': 0.1, 'train/grad_norm': 0.5, 'train/ppo_kl': {kl}, "
-          "'train/pg_clipfrac': 0.0, 'train/train_rollout_logprob_abs_diff': 0.01}}\")\n"
+        "'train/pg_clipfrac': 0.0, 'train/train_rollout_logprob_abs_diff': 0.01}}\")\n"
         + "    log(f\"perf {i}: {{'perf/actor_train_time': 0.02, 'perf/step_time': 0.03}}\")\n"
     )

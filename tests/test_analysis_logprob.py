@@ -21,15 +21,27 @@ from recipeval.analysis.logprob import (
 )
 
 
-def tokens(d_per_sample: list[list[float]], rollout_id: int = 0, train: float = -1.0,
-           mask: list[list[int]] | None = None) -> pd.DataFrame:
+def tokens(
+    d_per_sample: list[list[float]],
+    rollout_id: int = 0,
+    train: float = -1.0,
+    mask: list[list[int]] | None = None,
+) -> pd.DataFrame:
     """A token table with logp_train = train and logp_rollout = train + d."""
     rows = []
     for s, ds in enumerate(d_per_sample):
         for p, d in enumerate(ds):
-            rows.append({"rollout_id": rollout_id, "sample": s, "position": p,
-                         "token_id": 100 + p, "logp_rollout": train + d, "logp_train": train,
-                         "loss_mask": 1 if mask is None else mask[s][p]})
+            rows.append(
+                {
+                    "rollout_id": rollout_id,
+                    "sample": s,
+                    "position": p,
+                    "token_id": 100 + p,
+                    "logp_rollout": train + d,
+                    "logp_train": train,
+                    "loss_mask": 1 if mask is None else mask[s][p],
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -87,8 +99,17 @@ def test_first_rollout_only_counts_rollout_zero() -> None:
 def test_error_growing_along_the_context_shows_by_position() -> None:
     n = 5000
     pos = np.arange(n)
-    table = pd.DataFrame({"rollout_id": 0, "sample": 0, "position": pos, "token_id": 1,
-                          "logp_train": -1.0, "logp_rollout": -1.0 + 1e-5 * pos, "loss_mask": 1})
+    table = pd.DataFrame(
+        {
+            "rollout_id": 0,
+            "sample": 0,
+            "position": pos,
+            "token_id": 1,
+            "logp_train": -1.0,
+            "logp_rollout": -1.0 + 1e-5 * pos,
+            "loss_mask": 1,
+        }
+    )
     buckets = by_position(table)
     assert list(buckets["start"]) == [0, 16, 64, 256, 1024, 2048, 4096]
     assert buckets["mean_abs_diff"].is_monotonic_increasing
@@ -121,12 +142,14 @@ def test_missing_column_is_named() -> None:
 
 
 def test_scalar_stats_from_a_step_table() -> None:
-    steps = pd.DataFrame({
-        "train/train_rollout_logprob_abs_diff": [0.04, 0.06, float("nan")],
-        "train/train_rollout_kl": [0.001, 0.003, 0.002],
-        "rollout/log_probs": [-0.50, -0.40, -0.30],
-        "rollout/rollout_log_probs": [-0.52, -0.45, -0.31],
-    })
+    steps = pd.DataFrame(
+        {
+            "train/train_rollout_logprob_abs_diff": [0.04, 0.06, float("nan")],
+            "train/train_rollout_kl": [0.001, 0.003, 0.002],
+            "rollout/log_probs": [-0.50, -0.40, -0.30],
+            "rollout/rollout_log_probs": [-0.52, -0.45, -0.31],
+        }
+    )
     st = scalar_stats(steps)
     assert st.mean_abs_diff == pytest.approx(0.05) and st.max_abs_diff == pytest.approx(0.06)
     assert st.k3_kl == pytest.approx(0.002)
@@ -136,8 +159,12 @@ def test_scalar_stats_from_a_step_table() -> None:
 
 def test_judge_with_defaults_and_overrides() -> None:
     assert set(DEFAULT_THRESHOLDS) >= {"first_rollout_abs_mean_diff", "token_mult_prob_error"}
-    values = {"first_rollout_abs_mean_diff": 0.05, "token_mult_prob_error": 1.01,
-              "mean_abs_diff": 0.07, "prob_abs_diff_mean": float("nan")}
+    values = {
+        "first_rollout_abs_mean_diff": 0.05,
+        "token_mult_prob_error": 1.01,
+        "mean_abs_diff": 0.07,
+        "prob_abs_diff_mean": float("nan"),
+    }
     by_check = {v.check: v for v in judge(values, DEFAULT_THRESHOLDS)}
     assert not by_check["first_rollout_abs_mean_diff"].ok
     assert by_check["token_mult_prob_error"].ok
@@ -150,8 +177,10 @@ def test_judge_with_defaults_and_overrides() -> None:
 
 
 def test_shared_prefix_pairs_keep_only_tokens_both_sampled_at_the_first_rollout() -> None:
-    a = pd.concat([tokens([[0.0] * 4, [0.0] * 3], rollout_id=0),
-                   tokens([[0.0] * 4], rollout_id=1)], ignore_index=True)
+    a = pd.concat(
+        [tokens([[0.0] * 4, [0.0] * 3], rollout_id=0), tokens([[0.0] * 4], rollout_id=1)],
+        ignore_index=True,
+    )
     b = a.copy()
     b["logp_rollout"] = b["logp_rollout"] + 0.02  # variant B's rollout path scores 0.02 higher
     # sample 0 diverges at position 2; position 3 happens to agree again but its context differs
@@ -167,3 +196,22 @@ def test_shared_prefix_pairs_respect_both_masks() -> None:
     a = tokens([[0.0, 0.0, 0.0]], mask=[[1, 1, 0]])
     b = tokens([[0.0, 0.0, 0.0]], mask=[[0, 1, 1]])
     assert list(shared_prefix_pairs(a, b)["position"]) == [1]
+
+
+def test_compare_samples_and_rollout_growth_return_typed_results() -> None:
+    from recipeval.analysis.logprob_compare import compare_samples, rollout_growth
+
+    rng = np.random.default_rng(5)
+    reference = 0.02 + 0.002 * rng.standard_normal(64)
+    shifted = compare_samples(reference + 0.01, reference)
+    assert shifted.tested and shifted.clear and shifted.low < 0.01 < shifted.high
+    assert shifted.p_value < 1e-6 and abs(shifted.relative - 0.5) < 0.1
+    same = compare_samples(reference, reference)
+    assert same.tested and not same.clear and same.low < 0 < same.high
+    few = compare_samples(reference[:1], reference)
+    assert not few.tested and not few.clear and few.message == "too few samples to compare"
+    assert rollout_growth(pd.Series([0.02])) is None
+    steady = rollout_growth(pd.Series([0.02, 0.021, 0.019]))
+    assert steady.ok and steady.worst_at == 1 and steady.limit == pytest.approx(0.04)
+    growing = rollout_growth(pd.Series([0.02, 0.03, 0.05, 0.08]))
+    assert not growing.ok and growing.worst == 0.08 and growing.worst_at == 3

@@ -19,8 +19,14 @@ from recipeval.analysis.steady_state import (
 )
 
 
-def trace(rng: np.random.Generator, n: int, warmup: int, mean: float = 100.0,
-          noise: float = 0.03, outlier_rate: float = 0.05) -> np.ndarray:
+def trace(
+    rng: np.random.Generator,
+    n: int,
+    warmup: int,
+    mean: float = 100.0,
+    noise: float = 0.03,
+    outlier_rate: float = 0.05,
+) -> np.ndarray:
     x = mean * (1 + noise * rng.standard_normal(n))
     x[:warmup] *= 1 + np.maximum(2.0 * 0.5 ** np.arange(warmup), 0.25)
     late = (rng.random(n) < outlier_rate) & (np.arange(n) >= warmup)
@@ -78,8 +84,7 @@ def test_interval_shrugs_off_a_wild_step() -> None:
 
 def test_interval_coverage_is_near_nominal() -> None:
     rng = np.random.default_rng(11)
-    covered = [trimmed_mean_interval(50 + rng.standard_normal(15)).covers(50.0)
-               for _ in range(600)]
+    covered = [trimmed_mean_interval(50 + rng.standard_normal(15)).covers(50.0) for _ in range(600)]
     assert 0.92 <= np.mean(covered) <= 0.98
 
 
@@ -126,8 +131,16 @@ def test_max_steps_reports_the_width_reached() -> None:
     assert decision.estimates["t"].interval.rel_width > 0.01
 
 
-@pytest.mark.parametrize("kwargs", [{"rel_ci": 0}, {"rel_ci": 1.5}, {"min_steps": 2},
-                                    {"min_steps": 9, "max_steps": 8}, {"confidence": 1.0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"rel_ci": 0},
+        {"rel_ci": 1.5},
+        {"min_steps": 2},
+        {"min_steps": 9, "max_steps": 8},
+        {"confidence": 1.0},
+    ],
+)
 def test_rule_rejects_nonsense(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         StoppingRule(**kwargs)
@@ -144,8 +157,9 @@ def test_a_lone_odd_step_is_left_out_of_a_short_steady_series() -> None:
 
 def test_clean_noise_almost_never_loses_a_step() -> None:
     rng = np.random.default_rng(13)
-    dropped = sum(int(odd_steps(100 * (1 + 0.04 * rng.standard_normal(8))).sum())
-                  for _ in range(2000))
+    dropped = sum(
+        int(odd_steps(100 * (1 + 0.04 * rng.standard_normal(8))).sum()) for _ in range(2000)
+    )
     assert dropped / (2000 * 8) < 0.002
 
 

@@ -12,9 +12,11 @@ import yaml
 from conftest import TINY_RECIPE
 from runner_jobs import python_launch
 
+from recipeval.exit_codes import exit_code
 from recipeval.recipe import load_recipe
-from recipeval.stages.bench import BenchWatcher, judge, run_bench, stopping_rule
-from recipeval.stages.common import StageRequest, execute, exit_code, resolve_and_render
+from recipeval.stages import driver
+from recipeval.stages.bench import BENCH, BenchWatcher, judge, stopping_rule
+from recipeval.stages.common import StageRequest, execute, resolve_and_render
 
 ROLLOUT, TRAIN = 150.0, 182.0
 
@@ -40,10 +42,14 @@ def miles_log(path: Path, n: int, warmup: int = 2, noise: float = 0.01, seed: in
         r = ROLLOUT * slow * (1 + noise * rng.standard_normal())
         a = TRAIN * slow * (1 + noise * rng.standard_normal())
         stamp = lambda dt, t=t: (t + timedelta(seconds=dt)).strftime("%Y-%m-%d %H:%M:%S.000")
-        lines.append(f"[{stamp(0)} RolloutManager] rollout.py:1 - perf {i}: "
-                     f"{{'perf/rollout_time': {r:.3f}, 'perf/tokens_per_gpu_per_sec': {8192 / r:.3f}}}")
-        lines.append(f"[{stamp(r + a)} TrainRayActor] actor.py:1 - perf {i}: "
-                     f"{{'perf/actor_train_time': {a:.3f}, 'perf/step_time': {a:.3f}}}")
+        lines.append(
+            f"[{stamp(0)} RolloutManager] rollout.py:1 - perf {i}: "
+            f"{{'perf/rollout_time': {r:.3f}, 'perf/tokens_per_gpu_per_sec': {8192 / r:.3f}}}"
+        )
+        lines.append(
+            f"[{stamp(r + a)} TrainRayActor] actor.py:1 - perf {i}: "
+            f"{{'perf/actor_train_time': {a:.3f}, 'perf/step_time': {a:.3f}}}"
+        )
         t += timedelta(seconds=r + a + 10)
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -58,13 +64,17 @@ def run(cli, recipe: Path, out: Path, log: Path, *extra: str):
 def judged(recipe: Path, out: Path, log: Path) -> tuple[int, dict]:
     """In process (the CLI costs seconds of imports per call): exit code and result."""
     request = StageRequest(stage="bench", loaded=load_recipe(recipe), out=out, from_log=log)
-    result = run_bench(request)
-    return exit_code(result, False), json.loads((out / "bench.json").read_text())
+    result = driver.run(BENCH, request)
+    return exit_code([result.status]), json.loads((out / "bench.json").read_text())
 
 
 def test_from_log_finds_the_steady_state_and_meets_expect(cli, tmp_path):
-    recipe = bench_recipe(tmp_path, expect={"rollout_time": 150, "actor_train_time": 182,
-                                             "cycle_time": 342}, rel_ci=0.03, max_steps=40)
+    recipe = bench_recipe(
+        tmp_path,
+        expect={"rollout_time": 150, "actor_train_time": 182, "cycle_time": 342},
+        rel_ci=0.03,
+        max_steps=40,
+    )
     proc, result = run(cli, recipe, tmp_path / "out", miles_log(tmp_path / "b.log", 20))
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     assert result["status"] == "pass", result["message"]
@@ -98,8 +108,9 @@ def test_slower_than_expected_fails_faster_is_flagged(tmp_path):
 
 def test_too_noisy_fails_or_warns_as_configured(cli, tmp_path):
     log = miles_log(tmp_path / "b.log", 12, noise=0.15)
-    proc, result = run(cli, bench_recipe(tmp_path, on_max_steps="fail"), tmp_path / "f", log,
-                       "--exit-zero")
+    proc, result = run(
+        cli, bench_recipe(tmp_path, on_max_steps="fail"), tmp_path / "f", log, "--exit-zero"
+    )
     assert proc.returncode == 0 and result["status"] == "fail"
     assert "not precise enough" in result["message"]
     code, result = judged(bench_recipe(tmp_path, on_max_steps="warn"), tmp_path / "w", log)
@@ -135,8 +146,9 @@ def test_live_run_is_stopped_by_the_stopping_rule(tmp_path):
     resolved, _ = resolve_and_render(request)
     options = recipe.recipe.stages.bench
     watcher = BenchWatcher(list(options.metrics), stopping_rule(options))
-    outcome = execute(request, resolved, python_launch(STEADY_PROGRAM), request.artifact(".log"),
-                      watcher)
+    outcome = execute(
+        request, resolved, python_launch(STEADY_PROGRAM), request.artifact(".log"), watcher
+    )
     assert outcome.run.stopped and outcome.failure is None
     assert 2 + 5 <= len(outcome.steps) < 30
     judgement, estimates = judge(outcome, options, {}, watcher)

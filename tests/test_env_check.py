@@ -10,11 +10,19 @@ from pathlib import Path
 import pytest
 
 from recipeval.checks import live, memory, rules
+from recipeval.checks.env_check import (
+    EnvCheckReport,
+    _Validators,
+    env_check,
+    env_check_stage,
+    exit_status,
+)
 from recipeval.checks.probe import probe, ray_cluster
-from recipeval.checks.run import _Validators, build_result, env_check, exit_code, static_checks
 from recipeval.checks.subject import Subject
 from recipeval.recipe import load_recipe
-from recipeval.result import provenance
+from recipeval.result import StageResult, read_result
+from recipeval.stages.common import StageRequest
+from recipeval.stages.driver import run
 
 REPO = Path(__file__).resolve().parents[1]
 BROKEN = REPO / "tests" / "recipes" / "broken"
@@ -281,15 +289,22 @@ def test_unknown_gpu_is_info_not_a_guess(tmp_path):
     assert [(c.id, c.ok, c.severity) for c in checks] == [("memory.gpu-known", False, "info")]
 
 
+def judged(
+    subject: Subject, validators: _Validators, flags: dict | None, tmp_path: Path
+) -> StageResult:
+    """One recipe's env_check through the stage driver, as `env_check` runs it."""
+    stage = env_check_stage(subject, validators, flags, 0, static=True, found=None)
+    return run(stage, StageRequest(stage="env_check", loaded=subject.loaded, out=tmp_path / "out"))
+
+
 def test_missing_validator_means_could_not_judge(tmp_path):
     subject = _subject(tmp_path, "")
     validators = _Validators(megatron_error="ModuleNotFoundError: No module named 'megatron'")
-    template = provenance("", "", "env_check")
-    result = build_result(subject, static_checks(subject, validators, None, 0), template, True, {})
+    result = judged(subject, validators, None, tmp_path)
     assert result.status == "error" and "pip install" in result.message
-    from recipeval.checks.run import Outcome
-
-    assert exit_code(Outcome(results=[result]), exit_zero=False) == 3
+    assert read_result(tmp_path / "out" / "env_check.json") == result
+    assert "env_check error" in (tmp_path / "out" / "env_check.log").read_text()
+    assert exit_status(EnvCheckReport(results=[result]), exit_zero=False) == 3
 
 
 def test_sglang_parser_missing_means_could_not_judge(tmp_path):
@@ -298,8 +313,7 @@ def test_sglang_parser_missing_means_could_not_judge(tmp_path):
     subject = _subject(tmp_path, "")
     flags = sglang_words(subject.args)
     validators = _Validators(sglang=FlagReport(None, {}, "cannot import SGLang's ServerArgs"))
-    checks = static_checks(subject, validators, flags, 0)
-    result = build_result(subject, checks, provenance("", "", "env_check"), True, {})
+    result = judged(subject, validators, flags, tmp_path)
     assert result.status == "error"
     assert "envs/sglang-cpu.txt" in _failed(result, "sglang.flags")[0].message
 

@@ -12,13 +12,15 @@ import pytest
 import yaml
 from conftest import TINY_RECIPE
 
-from recipeval.errors import RecipeError
 from recipeval.recipe import load_recipe
 from recipeval.stages.common import StageRequest
-from recipeval.stages.logprob_diff import marker, run_logprob_diff
+from recipeval.stages.driver import run
+from recipeval.stages.logprob_diff import LOGPROB_DIFF, marker
 
 
-def recipe_with(tmp_path: Path, variants: dict | None = None, thresholds: dict | None = None) -> Path:
+def recipe_with(
+    tmp_path: Path, variants: dict | None = None, thresholds: dict | None = None
+) -> Path:
     raw = yaml.safe_load(TINY_RECIPE.read_text())
     if variants is not None:
         raw["stages"]["logprob_diff"]["variants"] = variants
@@ -29,8 +31,14 @@ def recipe_with(tmp_path: Path, variants: dict | None = None, thresholds: dict |
     return path
 
 
-def token_table(rng: np.random.Generator, noise: float, rollouts: int = 2, samples: int = 8,
-                length: int = 64, drift: float = 0.0) -> pd.DataFrame:
+def token_table(
+    rng: np.random.Generator,
+    noise: float,
+    rollouts: int = 2,
+    samples: int = 8,
+    length: int = 64,
+    drift: float = 0.0,
+) -> pd.DataFrame:
     """logp_rollout = logp_train + N(0, noise), plus `drift` * rollout_id (a rollout side that
     misses weight updates falls further behind with each one)."""
     parts = []
@@ -38,10 +46,19 @@ def token_table(rng: np.random.Generator, noise: float, rollouts: int = 2, sampl
         for s in range(samples):
             train = -rng.exponential(1.0, length)
             d = noise * rng.standard_normal(length) + drift * r * rng.choice([-1, 1], length)
-            parts.append(pd.DataFrame({
-                "rollout_id": r, "sample": s, "position": np.arange(length),
-                "token_id": rng.integers(0, 500, length), "logp_rollout": train + d,
-                "logp_train": train, "loss_mask": 1}))
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "rollout_id": r,
+                        "sample": s,
+                        "position": np.arange(length),
+                        "token_id": rng.integers(0, 500, length),
+                        "logp_rollout": train + d,
+                        "logp_train": train,
+                        "loss_mask": 1,
+                    }
+                )
+            )
     return pd.concat(parts, ignore_index=True)
 
 
@@ -50,15 +67,23 @@ def steps_log(values: list[tuple[float, float, float]]) -> list[str]:
     lines = []
     for i, (train, rollout, diff) in enumerate(values):
         stamp = f"2026-08-05 10:{i:02d}:00.000"
-        lines.append(f"[{stamp} TrainRayActor] actor.py:1 - rollout {i}: "
-                     f"{{'rollout/log_probs': {train}, 'rollout/rollout_log_probs': {rollout}}}")
-        lines.append(f"[{stamp} TrainRayActor] actor.py:2 - step {i}: "
-                     f"{{'train/train_rollout_logprob_abs_diff': {diff}, 'train/train_rollout_kl': 0.001}}")
+        lines.append(
+            f"[{stamp} TrainRayActor] actor.py:1 - rollout {i}: "
+            f"{{'rollout/log_probs': {train}, 'rollout/rollout_log_probs': {rollout}}}"
+        )
+        lines.append(
+            f"[{stamp} TrainRayActor] actor.py:2 - step {i}: "
+            f"{{'train/train_rollout_logprob_abs_diff': {diff}, 'train/train_rollout_kl': 0.001}}"
+        )
     return lines
 
 
-def judged(tmp_path: Path, recipe: Path, runs: dict[str, pd.DataFrame | None],
-           logs: dict[str, list[str]] | None = None):
+def judged(
+    tmp_path: Path,
+    recipe: Path,
+    runs: dict[str, pd.DataFrame | None],
+    logs: dict[str, list[str]] | None = None,
+):
     """Write a stage log (+ token table) as a previous run would have, and re-judge it."""
     src = tmp_path / "prev"
     src.mkdir(exist_ok=True)
@@ -69,9 +94,13 @@ def judged(tmp_path: Path, recipe: Path, runs: dict[str, pd.DataFrame | None],
     tables = [t.assign(variant=n) for n, t in runs.items() if t is not None]
     if tables:
         pd.concat(tables).to_parquet(src / "logprob_diff.tokens.parquet")
-    request = StageRequest(stage="logprob_diff", loaded=load_recipe(recipe), out=tmp_path / "out",
-                           from_log=src / "logprob_diff.log")
-    return run_logprob_diff(request)
+    request = StageRequest(
+        stage="logprob_diff",
+        loaded=load_recipe(recipe),
+        out=tmp_path / "out",
+        from_log=src / "logprob_diff.log",
+    )
+    return run(LOGPROB_DIFF, request)
 
 
 def checks_of(result) -> dict:
@@ -82,8 +111,9 @@ def test_noisier_rollout_path_shows_a_clear_positive_shift(tmp_path):
     rng = np.random.default_rng(0)
     recipe = recipe_with(tmp_path)  # variants: baseline, bf16-rollout
     baseline = token_table(rng, 1e-4)
-    bf16 = baseline.assign(logp_rollout=baseline["logp_train"]
-                           + 0.01 * rng.standard_normal(len(baseline)))  # same seed, same tokens
+    bf16 = baseline.assign(
+        logp_rollout=baseline["logp_train"] + 0.01 * rng.standard_normal(len(baseline))
+    )  # same seed, same tokens
     result = judged(tmp_path, recipe, {"baseline": baseline, "bf16-rollout": bf16})
     assert result.status == "pass", result.message
     variants = result.summary["variants"]
@@ -106,9 +136,14 @@ def test_noisier_rollout_path_shows_a_clear_positive_shift(tmp_path):
 
 def test_a_diff_that_grows_with_training_fails(tmp_path):
     rng = np.random.default_rng(1)
-    recipe = recipe_with(tmp_path, variants={"baseline": {}, "no-sync": {"args": {"skip-weight-sync": True}}})
-    result = judged(tmp_path, recipe, {"baseline": token_table(rng, 1e-3),
-                                       "no-sync": token_table(rng, 1e-3, drift=0.1)})
+    recipe = recipe_with(
+        tmp_path, variants={"baseline": {}, "no-sync": {"args": {"skip-weight-sync": True}}}
+    )
+    result = judged(
+        tmp_path,
+        recipe,
+        {"baseline": token_table(rng, 1e-3), "no-sync": token_table(rng, 1e-3, drift=0.1)},
+    )
     assert result.status == "fail"
     checks = checks_of(result)
     assert checks["baseline:rollout_growth"].ok
@@ -120,9 +155,15 @@ def test_a_diff_that_grows_with_training_fails(tmp_path):
 
 def test_logged_scalars_are_judged_when_there_is_no_dump(tmp_path):
     recipe = recipe_with(tmp_path)
-    result = judged(tmp_path, recipe, {"baseline": None, "bf16-rollout": None},
-                    logs={"baseline": steps_log([(-0.45, -0.449, 0.02), (-0.44, -0.441, 0.021)]),
-                          "bf16-rollout": steps_log([(-0.45, -0.41, 0.06), (-0.44, -0.40, 0.061)])})
+    result = judged(
+        tmp_path,
+        recipe,
+        {"baseline": None, "bf16-rollout": None},
+        logs={
+            "baseline": steps_log([(-0.45, -0.449, 0.02), (-0.44, -0.441, 0.021)]),
+            "bf16-rollout": steps_log([(-0.45, -0.41, 0.06), (-0.44, -0.40, 0.061)]),
+        },
+    )
     assert result.status == "fail"
     checks = checks_of(result)
     assert checks["baseline:first_rollout_abs_mean_diff"].ok
@@ -133,11 +174,18 @@ def test_logged_scalars_are_judged_when_there_is_no_dump(tmp_path):
 
 
 def test_recipe_thresholds_override_the_anchors(tmp_path):
-    recipe = recipe_with(tmp_path, thresholds={"first_rollout_abs_mean_diff": 0.08,
-                                               "mean_abs_diff": 0.05})
-    result = judged(tmp_path, recipe, {"baseline": None, "bf16-rollout": None},
-                    logs={"baseline": steps_log([(-0.45, -0.41, 0.06)] * 2),
-                          "bf16-rollout": steps_log([(-0.45, -0.44, 0.04)] * 2)})
+    recipe = recipe_with(
+        tmp_path, thresholds={"first_rollout_abs_mean_diff": 0.08, "mean_abs_diff": 0.05}
+    )
+    result = judged(
+        tmp_path,
+        recipe,
+        {"baseline": None, "bf16-rollout": None},
+        logs={
+            "baseline": steps_log([(-0.45, -0.41, 0.06)] * 2),
+            "bf16-rollout": steps_log([(-0.45, -0.44, 0.04)] * 2),
+        },
+    )
     checks = checks_of(result)
     assert checks["baseline:first_rollout_abs_mean_diff"].ok
     assert not checks["baseline:mean_abs_diff"].ok and checks["bf16-rollout:mean_abs_diff"].ok
@@ -147,17 +195,35 @@ def test_recipe_thresholds_override_the_anchors(tmp_path):
 def test_cli_contract_and_bad_threshold(cli, tmp_path):
     rng = np.random.default_rng(2)
     recipe = recipe_with(tmp_path)
-    judged(tmp_path, recipe, {"baseline": token_table(rng, 1e-4),
-                              "bf16-rollout": token_table(rng, 0.01)})
+    judged(
+        tmp_path,
+        recipe,
+        {"baseline": token_table(rng, 1e-4), "bf16-rollout": token_table(rng, 0.01)},
+    )
     out = tmp_path / "cli"
-    proc = cli("logprob-diff", str(recipe), "--out", str(out),
-               "--from-log", str(tmp_path / "prev" / "logprob_diff.log"))
+    proc = cli(
+        "logprob-diff",
+        str(recipe),
+        "--out",
+        str(out),
+        "--from-log",
+        str(tmp_path / "prev" / "logprob_diff.log"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "logprob_diff.json").read_text())["status"] == "pass"
     assert {"logprob_diff.log", "logprob_diff.steps.parquet"} <= {p.name for p in out.iterdir()}
     bad = recipe_with(tmp_path, thresholds={"mean_abs_dif": 0.1})
-    request = StageRequest(stage="logprob_diff", loaded=load_recipe(bad), out=tmp_path / "bad",
-                           from_log=tmp_path / "prev" / "logprob_diff.log")
-    with pytest.raises(RecipeError, match="stages.logprob_diff.thresholds.mean_abs_dif"):
-        run_logprob_diff(request)  # the CLI prints this one line and exits 2
+    proc = cli(
+        "logprob-diff",
+        str(bad),
+        "--out",
+        str(tmp_path / "bad"),
+        "--from-log",
+        str(tmp_path / "prev" / "logprob_diff.log"),
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (
+        "stages.logprob_diff.thresholds.mean_abs_dif: 'mean_abs_dif' is no logprob statistic"
+        in proc.stderr
+    )
     assert not (tmp_path / "bad" / "logprob_diff.json").exists()

@@ -14,7 +14,7 @@ import pytest
 from publish_fixtures import AMD_RECIPE, night, write_run
 
 from recipeval.analysis.regression import RegressionSettings
-from recipeval.publish.run import PublishOutputs, publish
+from recipeval.publish.publisher import PublishOutputs, publish
 
 
 def _publish_night(tmp: Path, n: int, plots: bool = False, **kwargs) -> tuple[Path, object]:
@@ -39,8 +39,12 @@ def test_sglang_bump_jump_is_flagged_first_night_and_points_at_the_package(tmp_p
     assert reg.metric == "logprob_diff.train_rollout_logprob_abs_diff"
     # Only headline numbers and steady-state estimates are judged, not every summary number.
     judged = {m.metric for m in verdict.metrics}
-    assert judged == {"logprob_diff.train_rollout_logprob_abs_diff", "bench.metrics.perf/rollout_time",
-                      "bench.metrics.perf/actor_train_time", "bench.metrics.cycle_time"}
+    assert judged == {
+        "logprob_diff.train_rollout_logprob_abs_diff",
+        "bench.metrics.perf/rollout_time",
+        "bench.metrics.perf/actor_train_time",
+        "bench.metrics.cycle_time",
+    }
     assert reg.rel_change == pytest.approx(0.213 / 0.045143 - 1, rel=1e-3)
     changes = {(c.kind, c.key): (c.before, c.after) for c in verdict.changes}
     assert changes == {("package", "sglang"): ("0.5.16", "0.5.17")}
@@ -50,10 +54,15 @@ def test_sglang_bump_jump_is_flagged_first_night_and_points_at_the_package(tmp_p
     assert "0.5.17" in html and "regression" in html
     assert html.count('src="data:image/png;base64,') >= 2  # embedded: works opened from disk
     # The same plots as files: `snakemake --report` items, one folder per recipe.
-    plots = {str(p.relative_to(results / "tables/plots")) for p in (results / "tables/plots").rglob("*.png")}
+    plots = {
+        str(p.relative_to(results / "tables/plots"))
+        for p in (results / "tables/plots").rglob("*.png")
+    }
     assert "_overview/steady-state-times.png" in plots
-    assert ("deepseek-v4-flash-4node-mi355x/history-logprob_diff.train_rollout_logprob_abs_diff.png"
-            in plots)
+    assert (
+        "deepseek-v4-flash-4node-mi355x/history-logprob_diff.train_rollout_logprob_abs_diff.png"
+        in plots
+    )
 
 
 def test_stage_plots_become_plot_files_and_stale_ones_go(tmp_path: Path) -> None:
@@ -67,7 +76,9 @@ def test_stage_plots_become_plot_files_and_stale_ones_go(tmp_path: Path) -> None
     stale = results / "tables/plots/gone-recipe/history-cycle_time.png"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"old")
-    publish([results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings(), True)
+    publish(
+        [results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings(), True
+    )
     copied = results / "tables/plots/deepseek-v4-flash-4node-mi355x/bench-plot.png"
     assert copied.read_bytes() == drawn.read_bytes()
     assert not stale.exists() and not stale.parent.exists()
@@ -83,13 +94,17 @@ def test_stage_plots_are_found_beside_a_moved_results_folder(tmp_path: Path) -> 
     bench = json.loads((folder / "bench.json").read_text())
     bench["artifacts"] = {"plot": "ran-elsewhere/deepseek-v4-flash-4node-mi355x/bench.steps.png"}
     (folder / "bench.json").write_text(json.dumps(bench))
-    publish([results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings(), True)
+    publish(
+        [results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings(), True
+    )
     plot = results / "tables/plots/deepseek-v4-flash-4node-mi355x/bench-plot.png"
     assert plot.read_bytes() == b"\x89PNG\r\n\x1a\nmoved plot"
 
 
 def test_tables_show_gate_failure_and_reason(tmp_path: Path) -> None:
-    results, outcome = _publish_night(tmp_path, 0, smoke_status="fail", smoke_message="loss is nan at step 1")
+    results, outcome = _publish_night(
+        tmp_path, 0, smoke_status="fail", smoke_message="loss is nan at step 1"
+    )
     table = pd.read_csv(results / "tables/benchmarks.csv", dtype=str)
     row = table.iloc[0]
     assert row["recipe"] == "deepseek-v4-flash-4node-mi355x"
@@ -103,8 +118,30 @@ def test_tables_show_gate_failure_and_reason(tmp_path: Path) -> None:
     assert not outcome.ok
 
 
+def test_publish_reads_only_the_results_not_the_recipe_files(tmp_path: Path) -> None:
+    """The recipe facts come from the results (taken when the stages ran): a recipe file that
+    has since changed, or is gone, changes nothing in the table."""
+    recipe = tmp_path / "recipes" / "amd" / AMD_RECIPE.name
+    shutil.copytree(AMD_RECIPE.parents[1], tmp_path / "recipes")
+    results = tmp_path / "night0"
+    write_run(results, recipe, night(0))
+    recipe.write_text(recipe.read_text().replace("tp: 4", "tp: 8"))
+    publish(
+        [results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings(), False
+    )
+    shutil.rmtree(tmp_path / "recipes")
+    publish(
+        [results], PublishOutputs.under(results, tmp_path / "history2"), RegressionSettings(), False
+    )
+    row = pd.read_csv(results / "tables/benchmarks.csv", dtype=str).iloc[0]
+    assert row["GPUs"] == "MI355X x 32" and row["layout"] == "TP4/PP4/CP1/EP8/ETP1"
+    assert row["max response len"] == "8192"
+
+
 def test_long_messages_are_cut_to_one_line_in_the_table(tmp_path: Path) -> None:
-    tail = "Traceback (most recent call last):\n" + "  File x.py, line 1\n" * 40 + "RuntimeError: boom"
+    tail = (
+        "Traceback (most recent call last):\n" + "  File x.py, line 1\n" * 40 + "RuntimeError: boom"
+    )
     results, _ = _publish_night(tmp_path, 0, smoke_status="error", smoke_message=tail)
     row = pd.read_csv(results / "tables/benchmarks.csv", dtype=str).iloc[0]
     assert row["smoke"].startswith("error: Traceback (most recent call last): File x.py")
@@ -130,14 +167,18 @@ def test_history_is_append_only_and_idempotent(tmp_path: Path) -> None:
     files = sorted((tmp_path / "history").glob("*/*.json"))
     assert len(files) == 1 and first.added_to_history == 1
     before = files[0].read_bytes()
-    again = publish([results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings())
+    again = publish(
+        [results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings()
+    )
     assert again.added_to_history == 0
     assert sorted((tmp_path / "history").glob("*/*.json")) == files
     assert files[0].read_bytes() == before
     _publish_night(tmp_path, 1)
     assert len(list((tmp_path / "history").glob("*/*.json"))) == 2
     frame = pd.read_parquet(tmp_path / "history/history.parquet")
-    assert set(frame["run_id"]) == {p.stem.split("-")[-1] for p in (tmp_path / "history").glob("*/*.json")}
+    assert set(frame["run_id"]) == {
+        p.stem.split("-")[-1] for p in (tmp_path / "history").glob("*/*.json")
+    }
     assert "bench.metrics.cycle_time" in set(frame["metric"])
 
 
@@ -163,7 +204,9 @@ def test_step_time_regression_flagged_improvement_reported(tmp_path: Path) -> No
     assert [m.metric for m in v.regressions] == ["bench.metrics.cycle_time"]
     _, fast = _publish_night(tmp_path, 11, cycle=474 * 0.90)
     (v,) = fast.verdicts.values()
-    assert v.status == "improved" and [m.metric for m in v.improvements] == ["bench.metrics.cycle_time"]
+    assert v.status == "improved" and [m.metric for m in v.improvements] == [
+        "bench.metrics.cycle_time"
+    ]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -175,10 +218,23 @@ def test_cli_publish_bad_input_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "r" / "smoke.json"
     bad.parent.mkdir()
     bad.write_text("{not json")
-    proc = _cli("publish", str(bad), "--tables", str(tmp_path / "t"), "--history", str(tmp_path / "h"),
-                "--junit", str(tmp_path / "j.xml"), "--verdict", str(tmp_path / "v.json"))
+    proc = _cli(
+        "publish",
+        str(bad),
+        "--tables",
+        str(tmp_path / "t"),
+        "--history",
+        str(tmp_path / "h"),
+        "--junit",
+        str(tmp_path / "j.xml"),
+        "--verdict",
+        str(tmp_path / "v.json"),
+    )
     assert proc.returncode == 2
-    assert proc.stderr.startswith("recipeval: unreadable stage result") and proc.stderr.count("\n") == 1
+    assert (
+        proc.stderr.startswith("recipeval: unreadable stage result")
+        and proc.stderr.count("\n") == 1
+    )
     assert "Traceback" not in proc.stderr
     missing = _cli("publish", str(tmp_path / "nope.json"))
     assert missing.returncode == 2 and "nope.json: no such result file" in missing.stderr
@@ -188,8 +244,18 @@ def test_cli_publish_fail_on_regression_exit_status(tmp_path: Path) -> None:
     for n, value in enumerate([0.045, 0.046, 0.044]):
         _publish_night(tmp_path, n, logprob=value)
     write_run(tmp_path / "n3", AMD_RECIPE, night(3), logprob=0.213)
-    args = [str(tmp_path / "n3"), "--history", str(tmp_path / "history"), "--tables", str(tmp_path / "n3/t"),
-            "--junit", str(tmp_path / "n3/j.xml"), "--verdict", str(tmp_path / "n3/v.json"), "--no-plots"]
+    args = [
+        str(tmp_path / "n3"),
+        "--history",
+        str(tmp_path / "history"),
+        "--tables",
+        str(tmp_path / "n3/t"),
+        "--junit",
+        str(tmp_path / "n3/j.xml"),
+        "--verdict",
+        str(tmp_path / "n3/v.json"),
+        "--no-plots",
+    ]
     proc = _cli("publish", *args, "--fail-on-regression")
     assert proc.returncode == 1, proc.stderr
     assert "regressed" in proc.stdout and "train_rollout_logprob_abs_diff" in proc.stdout

@@ -57,8 +57,11 @@ def test_error_points_at_the_line_that_set_the_key(cli):
 
 def test_error_in_parent_names_the_parent_file(cli, tmp_path):
     parent = tmp_path / "parent.yaml"
-    parent.write_text((RECIPES / "local" / "tiny-grpo-cpu.yaml").read_text().replace(
-        "hidden_size: 64", "hidden_size: -64"))
+    parent.write_text(
+        (RECIPES / "local" / "tiny-grpo-cpu.yaml")
+        .read_text()
+        .replace("hidden_size: 64", "hidden_size: -64")
+    )
     child = tmp_path / "child.yaml"
     child.write_text("extends: parent.yaml\nname: child\n")
     proc = cli("validate", str(child))
@@ -85,10 +88,117 @@ def test_schema_is_json_schema_with_the_recipe_keys(cli):
     assert proc.returncode == 0
     schema = json.loads(proc.stdout)
     assert set(schema["properties"]) >= {
-        "name", "extends", "engine", "platform", "cluster", "model", "parallel", "args", "env",
-        "stages", "expect",
+        "name",
+        "extends",
+        "engine",
+        "platform",
+        "cluster",
+        "model",
+        "parallel",
+        "args",
+        "env",
+        "stages",
+        "expect",
     }
     assert schema["additionalProperties"] is False
     parallel = schema["$defs"]["Parallel"]["properties"]
-    assert set(parallel) == {"tp", "sequence_parallel", "pp", "pp_first_stage_layers",
-                             "pp_last_stage_layers", "cp", "ep", "etp"}
+    assert set(parallel) == {
+        "tp",
+        "sequence_parallel",
+        "pp",
+        "pp_first_stage_layers",
+        "pp_last_stage_layers",
+        "cp",
+        "ep",
+        "etp",
+    }
+
+
+# Rules between keys that a stage would refuse when it runs: `validate` reports each on the
+# line that set the key. (child recipe body after its `extends` line, line, key, text expected)
+CROSS_FIELD_CASES = {
+    "bench-min-steps": (
+        "stages:\n  bench:\n    min_steps: 2\n",
+        4,
+        "stages.bench.min_steps",
+        "greater than or equal to 3",
+    ),
+    "bench-max-below-min": (
+        "stages:\n  bench:\n    min_steps: 6\n    max_steps: 5\n",
+        5,
+        "stages.bench.max_steps",
+        "at least min_steps (6)",
+    ),
+    "smoke-rollouts-dropped": (
+        ("stages:\n  smoke:\n    args: {num-rollout: null}\nargs:\n  num-rollout: null\n"),
+        4,
+        "stages.smoke.args.num-rollout",
+        "positive integer num-rollout",
+    ),
+    "smoke-rollouts-text": (
+        "stages:\n  smoke:\n    args: {num-rollout: three}\n",
+        4,
+        "stages.smoke.args.num-rollout",
+        "positive integer num-rollout",
+    ),
+    "threshold-name": (
+        "stages:\n  logprob_diff:\n    thresholds:\n      mean_abs_dif: 0.1\n",
+        5,
+        "stages.logprob_diff.thresholds.mean_abs_dif",
+        "no logprob statistic",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CROSS_FIELD_CASES))
+def test_validate_reports_what_a_stage_would_refuse(cli, tmp_path, name):
+    body, line, key, text = CROSS_FIELD_CASES[name]
+    recipe = tmp_path / f"{name}.yaml"
+    recipe.write_text(f"extends: {RECIPES / 'local' / 'tiny-grpo-cpu.yaml'}\n{body}")
+    proc = cli("validate", str(recipe))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith(f"recipeval: {recipe}:{line}: {key}: "), errors[0]
+    assert text in errors[0], errors[0]
+
+
+def test_validate_reports_every_cross_field_problem_at_once(cli, tmp_path):
+    recipe = tmp_path / "two.yaml"
+    recipe.write_text(
+        f"extends: {RECIPES / 'local' / 'tiny-grpo-cpu.yaml'}\n"
+        "stages:\n  bench: {min_steps: 9, max_steps: 8}\n"
+        "  logprob_diff: {thresholds: {kl: 0.1}}\n"
+    )
+    proc = cli("validate", str(recipe))
+    assert proc.returncode == 2
+    assert [line.split(": ")[2] for line in proc.stderr.strip().splitlines()] == [
+        "stages.bench.max_steps",
+        "stages.logprob_diff.thresholds.kl",
+    ]
+
+
+def test_threshold_names_are_the_statistics_analysis_computes():
+    """The schema lists the statistics a recipe may limit; analysis.logprob computes them."""
+    import dataclasses
+
+    from recipeval.analysis import logprob as lp
+    from recipeval.recipe.schema import ABS_DIFF_CUTOFF, LOGPROB_STATISTICS
+
+    computed = {
+        f.name for stats in (lp.DiffStats, lp.ScalarStats) for f in dataclasses.fields(stats)
+    }
+    counts = {"tokens", "samples", "steps", ABS_DIFF_CUTOFF}
+    assert set(LOGPROB_STATISTICS) == (computed - counts) | {"rollout_growth"}
+
+
+def test_the_pipeline_config_names_the_stages_of_the_recipe_schema():
+    """config.schema.yaml is data Snakemake validates against; it must list the same stages,
+    in the same order, as the one list in recipe/schema.py."""
+    import yaml
+
+    from recipeval.recipe import STAGES
+
+    schema = yaml.safe_load((REPO / "config" / "config.schema.yaml").read_text())
+    stages = schema["properties"]["stages"]
+    assert tuple(stages["items"]["enum"]) == STAGES == tuple(stages["default"])

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from conftest import PR_RECIPE, TINY_RECIPE
 
-from recipeval.recipe import RecipeErrors, load_recipe, resolve
+from recipeval.recipe import InvalidRecipe, load_recipe, resolve
 
 
 def _leaves(data: Any, path: tuple = ()) -> list[tuple]:
@@ -69,7 +69,7 @@ def test_changing_any_value_changes_the_hash(tmp_path: Path):
         file.write_text(yaml.safe_dump(data))
         try:
             digest = load_recipe(file).sha256
-        except RecipeErrors:
+        except InvalidRecipe:
             continue  # the change made the recipe invalid: nothing to hash
         assert digest not in seen, f"changing {'.'.join(map(str, path))} kept the hash"
         seen.add(digest)

@@ -16,7 +16,33 @@ from recipeval.reference.rollout import RolloutBatch, RolloutWorker
 from recipeval.reference.trainer import Trainer
 from recipeval.reference.warmstart import initial_state
 
-TINY = ["--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "256", "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2", "--vocab-size", "512", "--max-position-embeddings", "128", "--device", "cpu", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "24", "--warm-start-steps", "60"]
+TINY = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--ffn-hidden-size",
+    "256",
+    "--num-attention-heads",
+    "4",
+    "--group-query-attention",
+    "--num-query-groups",
+    "2",
+    "--vocab-size",
+    "512",
+    "--max-position-embeddings",
+    "128",
+    "--device",
+    "cpu",
+    "--rollout-batch-size",
+    "4",
+    "--n-samples-per-prompt",
+    "4",
+    "--rollout-max-response-len",
+    "24",
+    "--warm-start-steps",
+    "60",
+]
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +92,10 @@ def test_other_attention_implementation_differs_measurably(cache_dir):
     round-off, as they should: same mathematics, different summation order)."""
     batch, sdpa = rollout_and_recompute(config(cache_dir, "--train-dtype", "bfloat16"))
     state = initial_state(sdpa.config, torch.device("cpu"))
-    eager = Trainer(config(cache_dir, "--train-dtype", "bfloat16",
-                           "--train-attn-implementation", "eager"), state)
+    eager = Trainer(
+        config(cache_dir, "--train-dtype", "bfloat16", "--train-attn-implementation", "eager"),
+        state,
+    )
     d = (eager.recompute(batch) - sdpa.recompute(batch)).abs()
     assert sample_mean(d, batch.response_mask).mean().item() > 1e-4
 

@@ -43,7 +43,9 @@ def test_improvement_is_reported_with_direction() -> None:
     assert judge(STEP, history, 90.0).kind == "improvement"
     assert judge("bench.perf/tokens_per_gpu_per_sec", history, 90.0).kind == "regression"
     assert judge("bench.perf/tokens_per_gpu_per_sec", history, 110.0).kind == "improvement"
-    assert higher_is_better("bench.perf/actor_train_tflops") and not higher_is_better("bench.cycle_time")
+    assert higher_is_better("bench.perf/actor_train_tflops") and not higher_is_better(
+        "bench.cycle_time"
+    )
 
 
 def test_absorbed_shift_is_not_reported_again() -> None:

@@ -38,8 +38,8 @@ def test_pr_recipe_renders_the_launch_of_pr_2139(cli):
     argv = launch["argv"]
     assert argv[:3] == ["ray", "job", "submit"]
     sep = argv.index("--")
-    assert argv[sep + 1:sep + 3] == ["python3", "/root/miles/train.py"]
-    assert launch["entrypoint"] == argv[sep + 1:]
+    assert argv[sep + 1 : sep + 3] == ["python3", "/root/miles/train.py"]
+    assert launch["entrypoint"] == argv[sep + 1 :]
     expected = {
         "--tensor-model-parallel-size": "4",
         "--sequence-parallel": True,
@@ -90,8 +90,13 @@ def test_pr_recipe_matches_the_upstream_launch(cli):
 
 
 def test_checkout_paths_come_from_the_environment(cli):
-    launch = _render(cli, PR_RECIPE, env=clean_env(MILES_DIR="/opt/miles", MEGATRON_PATH="/opt/mlm",
-                                                   RAY_ADDRESS="http://head:8265"))
+    launch = _render(
+        cli,
+        PR_RECIPE,
+        env=clean_env(
+            MILES_DIR="/opt/miles", MEGATRON_PATH="/opt/mlm", RAY_ADDRESS="http://head:8265"
+        ),
+    )
     assert launch["entrypoint"][1] == "/opt/miles/train.py"
     assert launch["runtime_env"]["env_vars"]["PYTHONPATH"] == "/opt/miles:/opt/mlm"
     assert not any(a.startswith("--address") for a in launch["argv"])
@@ -117,9 +122,7 @@ def hostile_recipe(tmp_path: Path) -> Path:
     recipe = tmp_path / "hostile.yaml"
     args = {f"hostile-{i}": v for i, v in enumerate(HOSTILE)}
     env = {f"HOSTILE_{i}": v for i, v in enumerate(HOSTILE)}
-    recipe.write_text(
-        f"extends: {PR_RECIPE}\nargs: {json.dumps(args)}\nenv: {json.dumps(env)}\n"
-    )
+    recipe.write_text(f"extends: {PR_RECIPE}\nargs: {json.dumps(args)}\nenv: {json.dumps(env)}\n")
     return recipe
 
 
@@ -148,16 +151,35 @@ def test_shell_form_passes_every_word_literally(cli, hostile_recipe, tmp_path):
     )
     fake_ray.chmod(fake_ray.stat().st_mode | stat.S_IXUSR)
     env = clean_env(PATH=f"{bindir}:{os.environ['PATH']}", HOME=str(tmp_path))
-    run = subprocess.run(["bash", str(script)], check=False, env=env, capture_output=True,
-                         text=True, timeout=30)
+    run = subprocess.run(
+        ["bash", str(script)], check=False, env=env, capture_output=True, text=True, timeout=30
+    )
     assert run.returncode == 0, run.stderr
     assert json.loads(record.read_text()) == launch["argv"][1:]
 
 
 def test_reference_recipe_shell_form_exports_env(cli, tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"extends: {REPO / 'recipes/local/tiny-grpo-cpu.yaml'}\n"
-                      "env: {HOSTILE: '$(reboot)'}\n")
+    recipe.write_text(
+        f"extends: {REPO / 'recipes/local/tiny-grpo-cpu.yaml'}\nenv: {{HOSTILE: '$(reboot)'}}\n"
+    )
     proc = cli("render", str(recipe))
     assert proc.returncode == 0, proc.stderr
     assert "export HOSTILE='$(reboot)'" in proc.stdout
+
+
+def test_every_recipe_engine_has_a_registered_engine():
+    """The schema's engine names and the registry agree: a recipe can name no engine that
+    recipeval cannot render, and an unknown name is a clear KeyError."""
+    import typing
+
+    import pytest
+
+    from recipeval.engines import ENGINES, engine_for
+    from recipeval.recipe.schema import Recipe
+
+    assert set(typing.get_args(Recipe.model_fields["engine"].annotation)) == set(ENGINES)
+    assert engine_for("reference").token_dumps and engine_for("reference").rescoring
+    assert not engine_for("miles").token_dumps and engine_for("miles").trainer_stack_checks
+    with pytest.raises(KeyError, match="choose one of"):
+        engine_for("nemo")

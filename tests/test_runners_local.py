@@ -33,7 +33,8 @@ def test_streams_lines_passes_env_and_quotes_nothing_through_a_shell(tmp_path):
     words = [w.format(marker=tmp_path / "pwned") for w in HOSTILE_WORDS]
     lines: list[str] = []
     result = LocalRunner().run(
-        python_launch(ECHO_ARGV, *words, env={"RECIPEVAL_TEST_VALUE": "from-recipe"}), lines.append,
+        python_launch(ECHO_ARGV, *words, env={"RECIPEVAL_TEST_VALUE": "from-recipe"}),
+        lines.append,
         timeout=60,
     )
     assert result.exit_code == 0 and result.ok and not result.timed_out
@@ -99,7 +100,9 @@ def test_stop_on_request():
         if line == "ready":
             stop.set()
 
-    result = LocalRunner(grace=2.0).run(python_launch(WAIT_FOR_STOP), on_line, timeout=60, stop=stop)
+    result = LocalRunner(grace=2.0).run(
+        python_launch(WAIT_FOR_STOP), on_line, timeout=60, stop=stop
+    )
     assert result.stopped and not result.timed_out and result.exit_code is None
     assert result.wall_s < 30
 
@@ -127,9 +130,15 @@ def test_sigterm_to_the_stage_stops_its_local_job(tmp_path):
         "with stop_job_on_termination():\n"
         "    LocalRunner(grace=1.0).run(python_launch(program % sys.argv[1]), print, timeout=300)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    stage = subprocess.Popen([sys.executable, str(script), str(pid_file)], env=env,
-                             stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    stage = subprocess.Popen(
+        [sys.executable, str(script), str(pid_file)], env=env, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 60
     while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)

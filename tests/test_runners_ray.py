@@ -39,7 +39,8 @@ def test_job_streams_output_env_and_hostile_values_stay_words(shared_head, tmp_p
     lines: list[str] = []
     result = runner.run(
         python_launch(ECHO_ARGV, *words, env={"RECIPEVAL_TEST_VALUE": "from-recipe"}),
-        lines.append, timeout=120,
+        lines.append,
+        timeout=120,
     )
     assert result.exit_code == 0, (result, lines)
     argv_line = next(line for line in lines if line.startswith("ARGV "))
@@ -111,7 +112,11 @@ def test_ray_down_stops_only_our_head(shared_head, tmp_path):
     state_dir, _ = shared_head
     state = ray_head.read_state(state_dir)
     assert state is not None and ray_head.head_alive(state)
-    ours = [p.pid for p in psutil.process_iter(["cmdline"]) if state.temp_dir in " ".join(p.info["cmdline"] or [])]
+    ours = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if state.temp_dir in " ".join(p.info["cmdline"] or [])
+    ]
     assert ours, "the head's processes name its temp dir"
     # A process that looks like Ray but is not ours must survive.
     decoy = subprocess.Popen(
@@ -120,7 +125,10 @@ def test_ray_down_stops_only_our_head(shared_head, tmp_path):
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "recipeval", "ray-down", "--state-dir", str(state_dir)],
-            capture_output=True, text=True, timeout=120, check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
         assert proc.returncode == 0 and "stopped" in proc.stdout, proc.stderr
         assert decoy.poll() is None
@@ -145,4 +153,6 @@ def test_private_head_works_when_a_ray_auth_token_exists(tmp_path, monkeypatch):
         result = runner.run(python_launch(ECHO_ARGV, "x"), lines.append, timeout=120)
         temp_dir = runner.describe()["ray_temp_dir"]
     assert result.exit_code == 0 and 'ARGV ["x"]' in lines
-    assert [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])] == []
+    assert [
+        p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])
+    ] == []

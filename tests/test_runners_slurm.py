@@ -54,7 +54,9 @@ def _batch_script(path: Path, command: list[str]) -> Path:
 
 
 def _no_process_names(text: str) -> bool:
-    return not [p for p in psutil.process_iter(["cmdline"]) if text in " ".join(p.info["cmdline"] or [])]
+    return not [
+        p for p in psutil.process_iter(["cmdline"]) if text in " ".join(p.info["cmdline"] or [])
+    ]
 
 
 @pytest.mark.slow
@@ -64,11 +66,17 @@ def test_smoke_in_sbatch_uses_the_slurm_runner_and_tears_ray_down(slurm_cluster,
     head inside the allocation sees the allocated GPUs, the tiny recipe passes, and nothing of
     the job (Ray included) is left afterwards."""
     out = tmp_path / "out"
-    script = _batch_script(tmp_path / "smoke.sh", [RECIPEVAL, "smoke", str(TINY_RECIPE), "--out", str(out)])
+    script = _batch_script(
+        tmp_path / "smoke.sh", [RECIPEVAL, "smoke", str(TINY_RECIPE), "--out", str(out)]
+    )
     submitted = time.monotonic()
     job = slurm_cluster.sbatch(
-        "--nodes=1", f"--gres=gpu:{slurm_cluster.gpu_type}:{GPUS}", "--time=20",
-        f"--output={tmp_path / 'job.out'}", str(script), cwd=tmp_path,
+        "--nodes=1",
+        f"--gres=gpu:{slurm_cluster.gpu_type}:{GPUS}",
+        "--time=20",
+        f"--output={tmp_path / 'job.out'}",
+        str(script),
+        cwd=tmp_path,
     )
     times = slurm_cluster.wait_job(job, submitted, timeout=900)
     job_log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
@@ -103,12 +111,17 @@ def test_slurm_runner_in_sbatch_runs_a_job_on_the_allocation(slurm_cluster, tmp_
     program = tmp_path / "runner.py"
     program.write_text(RUNNER_PROGRAM)
     script = _batch_script(
-        tmp_path / "runner.sh", [sys.executable, str(program), str(Path(__file__).parent), str(report)]
+        tmp_path / "runner.sh",
+        [sys.executable, str(program), str(Path(__file__).parent), str(report)],
     )
     submitted = time.monotonic()
     job = slurm_cluster.sbatch(
-        "--nodes=1", f"--gres=gpu:{slurm_cluster.gpu_type}:{GPUS}", "--time=10",
-        f"--output={tmp_path / 'job.out'}", str(script), cwd=tmp_path,
+        "--nodes=1",
+        f"--gres=gpu:{slurm_cluster.gpu_type}:{GPUS}",
+        "--time=10",
+        f"--output={tmp_path / 'job.out'}",
+        str(script),
+        cwd=tmp_path,
     )
     times = slurm_cluster.wait_job(job, submitted, timeout=600)
     job_log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
@@ -127,8 +140,12 @@ def test_a_worker_node_that_cannot_join_fails_the_start_at_once(slurm_cluster, t
     """The multi-node path as far as one node allows: the head starts here, the `srun` Ray
     worker for a node Slurm does not know exits, and the runner says so at once (it would
     otherwise wait out its join timeout) and leaves no Ray behind."""
-    environ = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": f"{slurm_cluster.node},nosuchnode",
-               "SLURM_JOB_NUM_NODES": "2", "TMPDIR": str(tmp_path)}
+    environ = {
+        "SLURM_JOB_ID": "1",
+        "SLURM_JOB_NODELIST": f"{slurm_cluster.node},nosuchnode",
+        "SLURM_JOB_NUM_NODES": "2",
+        "TMPDIR": str(tmp_path),
+    }
     ray_dirs = set(Path(tempfile.gettempdir()).glob("rv-ray-*"))
     started = time.monotonic()
     with pytest.raises(RunnerError, match="Ray worker on nosuchnode exited") as failure:

@@ -6,19 +6,24 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pandas as pd
 import psutil
 import pytest
 import yaml
-from conftest import TINY_RECIPE
+from conftest import TINY_RECIPE, clean_env, interruptible_session, kill_session, run_cli
 from runner_jobs import miles_like_program, python_launch
 
 from recipeval.recipe import load_recipe
 from recipeval.result import read_result
-from recipeval.stages.common import StageRequest, execute, finish, resolve_and_render
+from recipeval.stages.common import StageRequest, execute, resolve_and_render
+from recipeval.stages.driver import finish
 from recipeval.stages.smoke import judge
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
@@ -29,12 +34,23 @@ def smoke_json(out: Path) -> dict:
 
 
 def test_from_log_pass_writes_result_log_and_steps(cli, tmp_path):
-    proc = cli("smoke", str(TINY_RECIPE), "--out", str(tmp_path), "--from-log", str(LOGS / "miles_clean.log"))
+    proc = cli(
+        "smoke",
+        str(TINY_RECIPE),
+        "--out",
+        str(tmp_path),
+        "--from-log",
+        str(LOGS / "miles_clean.log"),
+    )
     assert proc.returncode == 0, proc.stderr
     result = smoke_json(tmp_path)
     assert result["status"] == "pass"
     assert {c["id"] for c in result["checks"]} >= {
-        "rollouts_logged", "loss_finite", "grad_norm_finite", "step0_ppo_kl", "step0_pg_clipfrac",
+        "rollouts_logged",
+        "loss_finite",
+        "grad_norm_finite",
+        "step0_ppo_kl",
+        "step0_pg_clipfrac",
         "logprob_abs_diff_finite",
     }
     steps = pd.read_parquet(tmp_path / "smoke.steps.parquet")
@@ -44,22 +60,46 @@ def test_from_log_pass_writes_result_log_and_steps(cli, tmp_path):
 
 
 def test_from_log_of_crashed_run_is_error_with_last_lines(cli, tmp_path):
-    proc = cli("smoke", "--recipe", str(TINY_RECIPE), "--out", str(tmp_path),
-               "--from-log", str(LOGS / "miles_ray_irregular.log"))
+    proc = cli(
+        "smoke",
+        "--recipe",
+        str(TINY_RECIPE),
+        "--out",
+        str(tmp_path),
+        "--from-log",
+        str(LOGS / "miles_ray_irregular.log"),
+    )
     assert proc.returncode == 3
     result = smoke_json(tmp_path)
     assert result["status"] == "error"
     assert "RuntimeError: NCCL error" in result["message"]
     assert result["summary"]["malformed_lines"] == 2
-    again = cli("smoke", str(TINY_RECIPE), "--out", str(tmp_path), "--exit-zero",
-                "--from-log", str(tmp_path / "smoke.log"))  # the stage's own log, judged in place
+    again = cli(
+        "smoke",
+        str(TINY_RECIPE),
+        "--out",
+        str(tmp_path),
+        "--exit-zero",
+        "--from-log",
+        str(tmp_path / "smoke.log"),
+    )  # the stage's own log, judged in place
     assert again.returncode == 0 and smoke_json(tmp_path)["status"] == "error"
 
 
 def test_require_gate_not_pass_writes_skipped(cli, tmp_path):
     gate = tmp_path / "gate"
-    assert cli("smoke", str(TINY_RECIPE), "--out", str(gate), "--exit-zero",
-               "--from-log", str(LOGS / "miles_ray_irregular.log")).returncode == 0
+    assert (
+        cli(
+            "smoke",
+            str(TINY_RECIPE),
+            "--out",
+            str(gate),
+            "--exit-zero",
+            "--from-log",
+            str(LOGS / "miles_ray_irregular.log"),
+        ).returncode
+        == 0
+    )
     out = tmp_path / "out"
     proc = cli("smoke", str(TINY_RECIPE), "--out", str(out), "--require", str(gate / "smoke.json"))
     assert proc.returncode == 3
@@ -67,12 +107,24 @@ def test_require_gate_not_pass_writes_skipped(cli, tmp_path):
     assert result["status"] == "skipped"
     assert "gate smoke" in result["message"] and "is error" in result["message"]
     assert not (out / "smoke.log").exists()
-    assert cli("smoke", str(TINY_RECIPE), "--out", str(out), "--exit-zero",
-               "--require", str(gate / "smoke.json")).returncode == 0
+    assert (
+        cli(
+            "smoke",
+            str(TINY_RECIPE),
+            "--out",
+            str(out),
+            "--exit-zero",
+            "--require",
+            str(gate / "smoke.json"),
+        ).returncode
+        == 0
+    )
 
 
 def test_bad_input_exits_2_with_one_line(cli, tmp_path):
-    missing_gate = cli("smoke", str(TINY_RECIPE), "--out", str(tmp_path), "--require", str(tmp_path / "no.json"))
+    missing_gate = cli(
+        "smoke", str(TINY_RECIPE), "--out", str(tmp_path), "--require", str(tmp_path / "no.json")
+    )
     assert missing_gate.returncode == 2 and "run that stage first" in missing_gate.stderr
     both = cli("smoke", str(TINY_RECIPE), "--recipe", str(TINY_RECIPE), "--out", str(tmp_path))
     assert both.returncode == 2 and "give the recipe once" in both.stderr
@@ -81,7 +133,9 @@ def test_bad_input_exits_2_with_one_line(cli, tmp_path):
     raw["stages"]["smoke"]["args"].pop("num-rollout")
     recipe = tmp_path / "no-rollouts.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    proc = cli("smoke", str(recipe), "--out", str(tmp_path), "--from-log", str(LOGS / "miles_clean.log"))
+    proc = cli(
+        "smoke", str(recipe), "--out", str(tmp_path), "--from-log", str(LOGS / "miles_clean.log")
+    )
     assert proc.returncode == 2
     assert "stages.smoke.args.num-rollout" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "smoke.json").exists()
@@ -89,13 +143,20 @@ def test_bad_input_exits_2_with_one_line(cli, tmp_path):
 
 # --- real runs through the shared plumbing (execute -> judge -> finish) -----------------
 
+
 def request_for(out: Path, runner: str = "local", timeout: float | None = 60) -> StageRequest:
-    return StageRequest(stage="smoke", loaded=load_recipe(TINY_RECIPE), out=out, runner=runner,
-                        timeout=timeout)
+    return StageRequest(
+        stage="smoke", loaded=load_recipe(TINY_RECIPE), out=out, runner=runner, timeout=timeout
+    )
 
 
-def smoke_with(program: str, out: Path, runner: str = "local", timeout: float | None = 60,
-               env: dict[str, str] | None = None):
+def smoke_with(
+    program: str,
+    out: Path,
+    runner: str = "local",
+    timeout: float | None = 60,
+    env: dict[str, str] | None = None,
+):
     request = request_for(out, runner, timeout)
     resolved, _ = resolve_and_render(request)
     outcome = execute(request, resolved, python_launch(program, env=env), request.artifact(".log"))
@@ -133,8 +194,9 @@ def test_step0_invariant_violation_fails(tmp_path):
 
 def test_secrets_never_reach_the_log(tmp_path):
     secret = "hf_planted_secret_value_123"
-    result, _ = smoke_with(miles_like_program(3, print_env="HF_TOKEN"), tmp_path,
-                           env={"HF_TOKEN": secret})
+    result, _ = smoke_with(
+        miles_like_program(3, print_env="HF_TOKEN"), tmp_path, env={"HF_TOKEN": secret}
+    )
     log = (tmp_path / "smoke.log").read_text()
     assert "env says ***" in log and secret not in log
     assert secret not in (tmp_path / "smoke.json").read_text()
@@ -142,7 +204,9 @@ def test_secrets_never_reach_the_log(tmp_path):
 
 
 def test_on_steps_can_stop_the_run(tmp_path):
-    program = miles_like_program(200).replace("for i in range(200):\n", "for i in range(200):\n    time.sleep(0.1)\n")
+    program = miles_like_program(200).replace(
+        "for i in range(200):\n", "for i in range(200):\n    time.sleep(0.1)\n"
+    )
     request = request_for(tmp_path)
     resolved, _ = resolve_and_render(request)
     seen = threading.Event()
@@ -168,8 +232,9 @@ def test_ray_runner_pass_and_crash(tmp_path, monkeypatch):
         ok, outcome = smoke_with(miles_like_program(3), tmp_path / "ok", runner="ray", timeout=180)
         assert ok.status == "pass", ok.message
         assert outcome.runner == "ray"
-        crashed, _ = smoke_with(miles_like_program(3, crash_after=1), tmp_path / "crash",
-                                runner="ray", timeout=180)
+        crashed, _ = smoke_with(
+            miles_like_program(3, crash_after=1), tmp_path / "crash", runner="ray", timeout=180
+        )
         assert crashed.status == "error" and "planted crash at rollout 1" in crashed.message
     finally:
         ray_head.shared_head_down(state)
@@ -178,8 +243,11 @@ def test_ray_runner_pass_and_crash(tmp_path, monkeypatch):
 
 # --- the tiny reference recipe, end to end through the CLI --------------------------------
 
+
 def _no_process_names(text: str) -> bool:
-    return not [p for p in psutil.process_iter(["cmdline"]) if text in " ".join(p.info["cmdline"] or [])]
+    return not [
+        p for p in psutil.process_iter(["cmdline"]) if text in " ".join(p.info["cmdline"] or [])
+    ]
 
 
 @pytest.mark.slow
@@ -216,5 +284,53 @@ def test_hostile_recipe_values_reach_the_engine_as_plain_words(cli, tmp_path, ru
     assert proc.returncode == 3  # the engine rejects the value: a crash, judged as error
     log = (out / "smoke.log").read_text()
     # argparse quotes the value it got: the exact word, not something a shell made of it
-    assert f"invalid choice: '\"; touch {marker}1 #'" in log or f"invalid choice: '$(touch {marker}2)'" in log
+    assert (
+        f"invalid choice: '\"; touch {marker}1 #'" in log
+        or f"invalid choice: '$(touch {marker}2)'" in log
+    )
     assert not list(tmp_path.glob("pwned*"))
+
+
+def test_a_stopped_run_leaves_no_stale_verdict(tmp_path):
+    """A stage removes its previous result before it launches: a run killed half-way (here
+    SIGTERM, as Slurm or Snakemake cancel a job) leaves its partial log and no result, never
+    the last run's `pass` beside the new log."""
+    out = tmp_path / "out"
+    old = run_cli(
+        "smoke", str(TINY_RECIPE), "--out", str(out), "--from-log", str(LOGS / "miles_clean.log")
+    )
+    assert old.returncode == 0 and smoke_json(out)["status"] == "pass"
+    (out / "smoke.log").unlink()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "recipeval",
+            "smoke",
+            str(TINY_RECIPE),
+            "--out",
+            str(out),
+            "--runner",
+            "local",
+        ],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=interruptible_session,  # noqa: PLW1509
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while (
+            not (out / "smoke.log").exists() and proc.poll() is None and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.5)  # the run is under way
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        kill_session(proc)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert (out / "smoke.log").exists()
+    assert not (out / "smoke.json").exists()

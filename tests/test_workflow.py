@@ -28,11 +28,20 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def snakemake(workdir: Path, *args: str, env: dict[str, str] | None = None,
-              timeout: float = 300) -> subprocess.CompletedProcess:
-    argv = [str(BIN / "snakemake"), "--snakefile", str(SNAKEFILE), "--directory", str(workdir), *args]
-    return subprocess.run(argv, capture_output=True, text=True, env=env or _env(), timeout=timeout,
-                          check=False)
+def snakemake(
+    workdir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    argv = [
+        str(BIN / "snakemake"),
+        "--snakefile",
+        str(SNAKEFILE),
+        "--directory",
+        str(workdir),
+        *args,
+    ]
+    return subprocess.run(
+        argv, capture_output=True, text=True, env=env or _env(), timeout=timeout, check=False
+    )
 
 
 def job_counts(output: str) -> dict[str, int]:
@@ -61,12 +70,25 @@ def _copy_recipe(src: Path, dest: Path, name: str, **replace: str) -> Path:
 
 
 def test_lint_and_snakefmt_are_clean() -> None:
-    lint = subprocess.run([str(BIN / "snakemake"), "--lint"], cwd=REPO, capture_output=True, text=True,
-                          env=_env(), timeout=300, check=False)
+    lint = subprocess.run(
+        [str(BIN / "snakemake"), "--lint"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+        check=False,
+    )
     assert lint.returncode == 0, lint.stdout + lint.stderr
     assert "Congratulations, your workflow is in a good condition" in lint.stdout + lint.stderr
-    fmt = subprocess.run([str(BIN / "snakefmt"), "--check", "Snakefile", "rules"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120, check=False)
+    fmt = subprocess.run(
+        [str(BIN / "snakefmt"), "--check", "Snakefile", "rules"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
 
 
@@ -75,15 +97,26 @@ def test_dry_run_plans_every_stage_of_the_default_recipe(tmp_path: Path) -> None
     proc = snakemake(work, "-n", "-p")
     assert proc.returncode == 0, proc.stderr
     assert job_counts(proc.stdout) == {
-        "env_check": 1, "smoke": 1, "logprob_diff": 1, "bench": 1, "publish": 1, "all": 1,
+        "env_check": 1,
+        "smoke": 1,
+        "logprob_diff": 1,
+        "bench": 1,
+        "publish": 1,
+        "all": 1,
     }
     out = proc.stdout
-    assert ("recipeval smoke --recipe recipes/local/tiny-grpo-cpu.yaml --out results/tiny-grpo-cpu "
-            "--require results/tiny-grpo-cpu/env_check.json") in out
-    assert "recipeval bench --recipe recipes/local/tiny-grpo-cpu.yaml --out results/tiny-grpo-cpu " \
-           "--require results/tiny-grpo-cpu/smoke.json  --exit-zero" in out
-    assert ("recipeval env-check --recipe recipes/local/tiny-grpo-cpu.yaml "
-            "--out results/tiny-grpo-cpu/env_check.json --exit-zero") in out
+    assert (
+        "recipeval smoke --recipe recipes/local/tiny-grpo-cpu.yaml --out results/tiny-grpo-cpu "
+        "--require results/tiny-grpo-cpu/env_check.json"
+    ) in out
+    assert (
+        "recipeval bench --recipe recipes/local/tiny-grpo-cpu.yaml --out results/tiny-grpo-cpu "
+        "--require results/tiny-grpo-cpu/smoke.json  --exit-zero" in out
+    )
+    assert (
+        "recipeval env-check --recipe recipes/local/tiny-grpo-cpu.yaml "
+        "--out results/tiny-grpo-cpu/env_check.json --exit-zero"
+    ) in out
 
 
 def test_stage_selection_moves_the_gates(tmp_path: Path) -> None:
@@ -91,7 +124,9 @@ def test_stage_selection_moves_the_gates(tmp_path: Path) -> None:
     proc = snakemake(work, "-n", "-p", "--config", "stages=[env_check,bench]", "runner=local")
     assert proc.returncode == 0, proc.stderr
     assert job_counts(proc.stdout) == {"env_check": 1, "bench": 1, "publish": 1, "all": 1}
-    assert "--require results/tiny-grpo-cpu/env_check.json --runner local --exit-zero" in proc.stdout
+    assert (
+        "--require results/tiny-grpo-cpu/env_check.json --runner local --exit-zero" in proc.stdout
+    )
 
 
 def test_recipes_from_globs_files_and_excludes(tmp_path: Path) -> None:
@@ -99,8 +134,10 @@ def test_recipes_from_globs_files_and_excludes(tmp_path: Path) -> None:
     _copy_recipe(TINY, work / "recipes/local/tiny-b.yaml", "tiny-b")
     (work / "recipes/extra").mkdir()
     _copy_recipe(TINY, work / "recipes/extra/tiny-c.yaml", "tiny-c")
-    config = ("recipes={globs: [recipes/local/*.yaml], files: [recipes/extra/tiny-c.yaml], "
-              "exclude: [recipes/local/tiny-grpo-cpu.yaml]}")
+    config = (
+        "recipes={globs: [recipes/local/*.yaml], files: [recipes/extra/tiny-c.yaml], "
+        "exclude: [recipes/local/tiny-grpo-cpu.yaml]}"
+    )
     proc = snakemake(work, "-n", "--config", config)
     assert proc.returncode == 0, proc.stderr
     planned = set(re.findall(r"wildcards: recipe=(\S+)", proc.stdout))
@@ -134,27 +171,46 @@ def test_duplicate_recipe_names_are_refused(tmp_path: Path) -> None:
 def test_install_profiles_links_into_the_user_config_folder(tmp_path: Path) -> None:
     xdg = tmp_path / "xdg"
     script = REPO / "scripts/install-profiles.sh"
-    proc = subprocess.run([str(script)], env=_env(XDG_CONFIG_HOME=str(xdg)), capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(
+        [str(script)],
+        env=_env(XDG_CONFIG_HOME=str(xdg)),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     link = xdg / "snakemake/slurm-amd"
     assert link.is_symlink() and link.resolve() == (REPO / "profiles/slurm-amd").resolve()
     assert not (xdg / "snakemake/default").exists()
     # Idempotent; a foreign entry is left alone and reported.
-    again = subprocess.run([str(script)], env=_env(XDG_CONFIG_HOME=str(xdg)), capture_output=True,
-                           text=True, check=False)
+    again = subprocess.run(
+        [str(script)],
+        env=_env(XDG_CONFIG_HOME=str(xdg)),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert again.returncode == 0 and "ok" in again.stdout
     link.unlink()
     link.mkdir()
-    clash = subprocess.run([str(script)], env=_env(XDG_CONFIG_HOME=str(xdg)), capture_output=True,
-                           text=True, check=False)
+    clash = subprocess.run(
+        [str(script)],
+        env=_env(XDG_CONFIG_HOME=str(xdg)),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert clash.returncode == 1 and "is not a link" in clash.stderr and link.is_dir()
 
 
 def _installed_profiles(tmp: Path) -> dict[str, str]:
     xdg = tmp / "xdg"
-    subprocess.run([str(REPO / "scripts/install-profiles.sh")], env=_env(XDG_CONFIG_HOME=str(xdg)),
-                   capture_output=True, check=True)
+    subprocess.run(
+        [str(REPO / "scripts/install-profiles.sh")],
+        env=_env(XDG_CONFIG_HOME=str(xdg)),
+        capture_output=True,
+        check=True,
+    )
     return _env(XDG_CONFIG_HOME=str(xdg))
 
 
@@ -164,7 +220,9 @@ def test_bare_profile_name_resolves_after_install(tmp_path: Path) -> None:
     proc = snakemake(work, "--profile", "slurm-amd", "-n", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "slurm_partition=mi355x" in proc.stdout
-    missing = snakemake(work, "--profile", "slurm-amd", "-n", env=_env(XDG_CONFIG_HOME=str(tmp_path / "none")))
+    missing = snakemake(
+        work, "--profile", "slurm-amd", "-n", env=_env(XDG_CONFIG_HOME=str(tmp_path / "none"))
+    )
     assert missing.returncode != 0
 
 
@@ -198,15 +256,24 @@ def _sbatch_calls(tmp: Path, recipes: list[Path], *config: str, **env_extra: str
     log = tmp / "sbatch.log"
     env.update(PATH=f"{fake}{os.pathsep}{env['PATH']}", FAKE_SBATCH_LOG=str(log), **env_extra)
     globs = ", ".join(str(r) for r in recipes)
-    proc = snakemake(work, "--profile", "slurm-amd", "--config", f"recipes={{globs: [{globs}]}}", *config,
-                     env=env)
+    proc = snakemake(
+        work,
+        "--profile",
+        "slurm-amd",
+        "--config",
+        f"recipes={{globs: [{globs}]}}",
+        *config,
+        env=env,
+    )
     assert proc.returncode != 0 and log.is_file(), proc.stdout + proc.stderr  # refused on purpose
     return log.read_text().splitlines()
 
 
 def test_slurm_amd_sbatch_gets_nodes_gres_time_and_no_ntasks_per_gpu(tmp_path: Path) -> None:
-    recipes = [Path("recipes/amd/deepseek-v4-flash-4node-mi355x.yaml"),
-               Path("recipes/amd/deepseek-v4-flash-4layer-1node.yaml")]
+    recipes = [
+        Path("recipes/amd/deepseek-v4-flash-4node-mi355x.yaml"),
+        Path("recipes/amd/deepseek-v4-flash-4layer-1node.yaml"),
+    ]
     calls = _sbatch_calls(tmp_path, recipes)
     print("\n".join(c.split(" --wrap=")[0] for c in calls))  # shown with pytest -s
     by_recipe = {re.search(r"--target-jobs .*?recipe=([\w.-]+)", c).group(1): c for c in calls}
@@ -226,9 +293,14 @@ def test_slurm_amd_sbatch_gets_nodes_gres_time_and_no_ntasks_per_gpu(tmp_path: P
 
 def test_slurm_settings_from_environment_and_ungrouped_stages(tmp_path: Path) -> None:
     recipes = [Path("recipes/nvidia/deepseek-v4-flash-8node-h200.yaml")]
-    calls = _sbatch_calls(tmp_path, recipes, "gpu_group=none",
-                          RECIPEVAL_SLURM_PARTITION="gpu", RECIPEVAL_SLURM_ACCOUNT="proj42",
-                          RECIPEVAL_SLURM_CPUS="32")
+    calls = _sbatch_calls(
+        tmp_path,
+        recipes,
+        "gpu_group=none",
+        RECIPEVAL_SLURM_PARTITION="gpu",
+        RECIPEVAL_SLURM_ACCOUNT="proj42",
+        RECIPEVAL_SLURM_CPUS="32",
+    )
     # Without the group only smoke can be submitted (the others wait for it).
     (call,) = calls
     head = call.split(" --wrap=")[0]
@@ -244,25 +316,42 @@ def test_full_default_dag_then_nothing_to_do_then_one_recipe_reruns(tmp_path: Pa
     work = _workdir(tmp_path, TINY)
     # A second recipe that env_check rejects (TP does not divide the 4 heads): its later stages
     # are skipped, the tiny one runs on, and publish shows both.
-    broken = _copy_recipe(TINY, work / "recipes/local/tiny-bad-layout.yaml", "tiny-bad-layout",
-                          **{"parallel: {tp: 1,": "parallel: {tp: 3,"})
+    broken = _copy_recipe(
+        TINY,
+        work / "recipes/local/tiny-bad-layout.yaml",
+        "tiny-bad-layout",
+        **{"parallel: {tp: 1,": "parallel: {tp: 3,"},
+    )
     args = ("--config", "runner=local", "--cores", "2")
     first = snakemake(work, *args, timeout=1500)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     results = work / "results"
-    status = {(r, s): json.loads((results / r / f"{s}.json").read_text())["status"]
-              for r in ("tiny-grpo-cpu", "tiny-bad-layout")
-              for s in ("env_check", "smoke", "logprob_diff", "bench")}
-    assert [status[("tiny-grpo-cpu", s)] for s in ("env_check", "smoke", "logprob_diff", "bench")] \
-        == ["pass"] * 4
+    status = {
+        (r, s): json.loads((results / r / f"{s}.json").read_text())["status"]
+        for r in ("tiny-grpo-cpu", "tiny-bad-layout")
+        for s in ("env_check", "smoke", "logprob_diff", "bench")
+    }
+    assert [
+        status[("tiny-grpo-cpu", s)] for s in ("env_check", "smoke", "logprob_diff", "bench")
+    ] == ["pass"] * 4
     bench = json.loads((results / "tiny-grpo-cpu/bench.json").read_text())["summary"]
-    print({m: (round(e["estimate"], 2), round(e["rel_width"], 4), e["used"])
-           for m, e in bench["metrics"].items()}, bench["steps"], bench["stop"])
+    print(
+        {
+            m: (round(e["estimate"], 2), round(e["rel_width"], 4), e["used"])
+            for m, e in bench["metrics"].items()
+        },
+        bench["steps"],
+        bench["stop"],
+    )
     assert bench["stop"] == "precise" and bench["steps"] < 20, bench
-    lengths = pd.read_parquet(results / "tiny-grpo-cpu/bench.steps.parquet")["rollout/response_len/mean"]
+    lengths = pd.read_parquet(results / "tiny-grpo-cpu/bench.steps.parquet")[
+        "rollout/response_len/mean"
+    ]
     assert len(lengths.dropna()) >= bench["steps"] and (lengths.dropna() == 8192).all(), lengths
     assert status[("tiny-bad-layout", "env_check")] == "fail"
-    assert {status[("tiny-bad-layout", s)] for s in ("smoke", "logprob_diff", "bench")} == {"skipped"}
+    assert {status[("tiny-bad-layout", s)] for s in ("smoke", "logprob_diff", "bench")} == {
+        "skipped"
+    }
     table = (results / "tables/benchmarks.md").read_text()
     assert "tiny-bad-layout" in table and "skipped: gate env_check" in table
     verdict = json.loads((results / "regression.json").read_text())
@@ -276,8 +365,14 @@ def test_full_default_dag_then_nothing_to_do_then_one_recipe_reruns(tmp_path: Pa
     good_mtime = (results / "tiny-grpo-cpu/bench.json").stat().st_mtime
     broken.write_text(broken.read_text().replace("seed: 1234", "seed: 4321"))
     plan = snakemake(work, "-n", *args)
-    assert job_counts(plan.stdout) == {"env_check": 1, "smoke": 1, "logprob_diff": 1, "bench": 1,
-                                       "publish": 1, "all": 1}
+    assert job_counts(plan.stdout) == {
+        "env_check": 1,
+        "smoke": 1,
+        "logprob_diff": 1,
+        "bench": 1,
+        "publish": 1,
+        "all": 1,
+    }
     assert set(re.findall(r"wildcards: recipe=(\S+)", plan.stdout)) == {"tiny-bad-layout"}
     second = snakemake(work, *args, timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
@@ -290,7 +385,12 @@ def test_full_default_dag_then_nothing_to_do_then_one_recipe_reruns(tmp_path: Pa
     assert report.returncode == 0, report.stderr[-3000:]
     with zipfile.ZipFile(work / "report.zip") as archive:
         names = archive.namelist()
-    for item in ("benchmarks.html", "benchmarks.csv", "_overview/steady-state-times.png",
-                 "tiny-grpo-cpu/bench-plot.png", "tiny-grpo-cpu/logprob_diff-histogram.png",
-                 "tiny-grpo-cpu/logprob_diff-by_position.png"):
+    for item in (
+        "benchmarks.html",
+        "benchmarks.csv",
+        "_overview/steady-state-times.png",
+        "tiny-grpo-cpu/bench-plot.png",
+        "tiny-grpo-cpu/logprob_diff-histogram.png",
+        "tiny-grpo-cpu/logprob_diff-by_position.png",
+    ):
         assert any(n.endswith(item) for n in names), (item, names)

@@ -21,10 +21,23 @@ TINY = REPO / "recipes/local/tiny-grpo-cpu.yaml"
 
 
 def nightly(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    argv = [str(BIN / "recipeval"), "nightly", "--cores", "2", "--verdict", str(workdir / "results/regression.json"),
-            "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), *args]
+    argv = [
+        str(BIN / "recipeval"),
+        "nightly",
+        "--cores",
+        "2",
+        "--verdict",
+        str(workdir / "results/regression.json"),
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        *args,
+    ]
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    return subprocess.run(
+        argv, capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
 
 
 def test_nightly_without_a_fresh_verdict_is_an_error(tmp_path: Path) -> None:
@@ -54,13 +67,16 @@ def test_nightly_exit_status_follows_the_verdict(tmp_path: Path) -> None:
     assert verdict["ok"] is False and verdict["recipes"][0]["status"] == "failed"
 
 
-@pytest.mark.parametrize(("signum", "inherited_sigint"), [
-    # A cron line or a CI step run with `&` starts the nightly with SIGINT ignored, which its
-    # snakemake would inherit: the SIGINT the nightly passes on must still cancel.
-    (signal.SIGTERM, signal.SIG_IGN),
-    # Ctrl-C reaches the nightly only (snakemake has a process group of its own).
-    (signal.SIGINT, signal.SIG_DFL),
-])
+@pytest.mark.parametrize(
+    ("signum", "inherited_sigint"),
+    [
+        # A cron line or a CI step run with `&` starts the nightly with SIGINT ignored, which its
+        # snakemake would inherit: the SIGINT the nightly passes on must still cancel.
+        (signal.SIGTERM, signal.SIG_IGN),
+        # Ctrl-C reaches the nightly only (snakemake has a process group of its own).
+        (signal.SIGINT, signal.SIG_DFL),
+    ],
+)
 def test_a_stopped_nightly_stops_snakemake_and_its_local_jobs(
     tmp_path: Path, signum: signal.Signals, inherited_sigint: signal.Handlers
 ) -> None:
@@ -68,11 +84,26 @@ def test_a_stopped_nightly_stops_snakemake_and_its_local_jobs(
     (tmp_path / "Snakefile").write_text(
         f'rule long:\n    output: "never.txt"\n    shell: "touch started; exec -a {token} sleep 600"\n'
     )
-    argv = [str(BIN / "recipeval"), "nightly", "--cores", "1", "--verdict", str(tmp_path / "v.json"),
-            "--snakefile", str(tmp_path / "Snakefile"), "--directory", str(tmp_path)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, inherited_sigint),  # noqa: PLW1509
-                            start_new_session=True)  # so kill_session clears what it leaves
+    argv = [
+        str(BIN / "recipeval"),
+        "nightly",
+        "--cores",
+        "1",
+        "--verdict",
+        str(tmp_path / "v.json"),
+        "--snakefile",
+        str(tmp_path / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, inherited_sigint),  # noqa: PLW1509
+        start_new_session=True,
+    )  # so kill_session clears what it leaves
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "started").exists() and time.monotonic() < deadline:
@@ -81,7 +112,11 @@ def test_a_stopped_nightly_stops_snakemake_and_its_local_jobs(
         proc.send_signal(signum)
         out, _ = proc.communicate(timeout=60)
         # Before the cleanup below, which would kill a leftover job itself.
-        left = [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or [])]
+        left = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if token in " ".join(p.info["cmdline"] or [])
+        ]
     finally:
         kill_session(proc)
     assert proc.returncode == 128 + signum, out[-2000:]

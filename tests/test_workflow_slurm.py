@@ -250,7 +250,9 @@ def test_pipeline_runs_through_slurm_with_gres_and_the_slurm_runner(
     tiny_cpu.parent.mkdir()
     text = TINY_CPU.read_text()
     assert "rollout-max-response-len: 8192" in text
-    tiny_cpu.write_text(text.replace("rollout-max-response-len: 8192", "rollout-max-response-len: 16"))
+    tiny_cpu.write_text(
+        text.replace("rollout-max-response-len: 8192", "rollout-max-response-len: 16")
+    )
     argv = snakemake_argv(tmp_path, [tiny_cpu, TINY_GPU], [], "--jobs", "1")
     run = run_snakemake(argv, tmp_path, profiles_env, timeout=1800)
     try:
@@ -407,7 +409,9 @@ def test_sigterm_to_nightly_cancels_its_slurm_jobs(
         kill_session(proc)
     log = log_path.read_text(errors="replace")
     state = slurm_cluster.job_state(job_id)
-    summary.append(f"nightly: SIGTERM -> job {job_id} {state}, exit {proc.returncode} after {exit_s:.1f}s")
+    summary.append(
+        f"nightly: SIGTERM -> job {job_id} {state}, exit {proc.returncode} after {exit_s:.1f}s"
+    )
     assert proc.returncode == 128 + signal.SIGTERM, log[-3000:]
     assert state == "CANCELLED", log[-3000:]
     assert "SIGTERM: cancelling snakemake's jobs" in log

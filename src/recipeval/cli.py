@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -15,6 +16,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from recipeval.errors import RecipeError, SettingError, UsageError
+from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_FAIL
 
 app = typer.Typer(
     name="recipeval",
@@ -24,7 +26,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_ERROR = 0, 1, 2, 3
 
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
 StageOpt = Annotated[
@@ -44,11 +45,11 @@ def _die(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
 
 def load_or_exit(path: Path):  # -> LoadedRecipe
     """Load a recipe, or print its errors one per line and exit 2."""
-    from recipeval.recipe import RecipeErrors, load_recipe
+    from recipeval.recipe import InvalidRecipe, load_recipe
 
     try:
         return load_recipe(path)
-    except RecipeErrors as errs:
+    except InvalidRecipe as errs:
         for err in errs.errors:
             print(f"recipeval: {err}", file=sys.stderr)
         raise typer.Exit(EXIT_BAD_INPUT) from None
@@ -67,13 +68,13 @@ def validate(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only errors")] = False,
 ) -> None:
     """Validate recipe files: exit 0 when all are valid, 2 otherwise."""
-    from recipeval.recipe import RecipeErrors, load_recipe
+    from recipeval.recipe import InvalidRecipe, load_recipe
 
     bad = 0
     for path in recipes:
         try:
             loaded = load_recipe(path)
-        except RecipeErrors as errs:
+        except InvalidRecipe as errs:
             bad += 1
             for err in errs.errors:
                 print(f"recipeval: {err}", file=sys.stderr)
@@ -88,10 +89,10 @@ def validate(
 def render(
     recipe: RecipeArg,
     stage: StageOpt = None,
-    variant: Annotated[
-        str | None, typer.Option(help="a logprob_diff variant overlay")
-    ] = None,
-    fmt: Annotated[RenderFormat, typer.Option("--format", help="shell script or JSON")] = RenderFormat.shell,
+    variant: Annotated[str | None, typer.Option(help="a logprob_diff variant overlay")] = None,
+    fmt: Annotated[
+        RenderFormat, typer.Option("--format", help="shell script or JSON")
+    ] = RenderFormat.shell,
 ) -> None:
     """Print the exact launch for a recipe (no shell ever interprets a recipe value)."""
     from recipeval.engines import render as render_launch
@@ -120,23 +121,41 @@ def schema() -> None:
 
 # Options every run stage takes (smoke, logprob-diff, bench): the stage command contract.
 StageRecipeArg = Annotated[Path | None, typer.Argument(help="recipe YAML file", show_default=False)]
-RecipeOpt = Annotated[Path | None, typer.Option("--recipe", help="recipe YAML file (or positional)")]
+RecipeOpt = Annotated[
+    Path | None, typer.Option("--recipe", help="recipe YAML file (or positional)")
+]
 OutOpt = Annotated[
-    Path | None, typer.Option("--out", help="results folder for this recipe [default: results/<recipe name>]")
+    Path | None,
+    typer.Option("--out", help="results folder for this recipe [default: results/<recipe name>]"),
 ]
 RunnerOpt = Annotated[
-    str | None, typer.Option("--runner", help="local | ray | slurm (default: slurm in an allocation, ray when installed, else local)")
+    str | None,
+    typer.Option(
+        "--runner",
+        help="local | ray | slurm (default: slurm in an allocation, ray when installed, else local)",
+    ),
 ]
-FromLogOpt = Annotated[Path | None, typer.Option("--from-log", help="judge this existing log; launch nothing")]
+FromLogOpt = Annotated[
+    Path | None, typer.Option("--from-log", help="judge this existing log; launch nothing")
+]
 RequireOpt = Annotated[
     list[Path] | None, typer.Option("--require", help="gate StageResult JSON that must be pass")
 ]
-ExitZeroOpt = Annotated[bool, typer.Option("--exit-zero", help="exit 0 whenever a result was written")]
+ExitZeroOpt = Annotated[
+    bool, typer.Option("--exit-zero", help="exit 0 whenever a result was written")
+]
 
 
-def stage_request(stage: str, recipe: Path | None, recipe_opt: Path | None, out: Path | None,
-                  runner: str | None, from_log: Path | None, require: list[Path] | None,
-                  exit_zero: bool):  # -> StageRequest
+def stage_request(
+    stage: str,
+    recipe: Path | None,
+    recipe_opt: Path | None,
+    out: Path | None,
+    runner: str | None,
+    from_log: Path | None,
+    require: list[Path] | None,
+    exit_zero: bool,
+):  # -> StageRequest
     from recipeval.runners import RUNNERS
     from recipeval.stages.common import StageRequest
 
@@ -146,122 +165,161 @@ def stage_request(stage: str, recipe: Path | None, recipe_opt: Path | None, out:
         _die(f"--runner {runner!r} is not a runner; choose one of: {', '.join(RUNNERS)}")
     loaded = load_or_exit(recipe or recipe_opt)
     out = out or Path("results") / loaded.recipe.name
-    return StageRequest(stage=stage, loaded=loaded, out=out, runner=runner, from_log=from_log,
-                        require=list(require or []), exit_zero=exit_zero)
+    return StageRequest(
+        stage=stage,
+        loaded=loaded,
+        out=out,
+        runner=runner,
+        from_log=from_log,
+        require=list(require or []),
+        exit_zero=exit_zero,
+    )
 
 
-def stage_exit(result, exit_zero: bool) -> NoReturn:  # result: StageResult
-    """Print the verdict line and exit with the stage's code (0 with --exit-zero)."""
-    from recipeval.stages.common import exit_code
-
-    first_line = result.message.splitlines()[0] if result.message else ""
-    print(f"{result.stage} {result.status}: {result.recipe}" + (f": {first_line}" if first_line else ""))
-    raise typer.Exit(exit_code(result, exit_zero))
-
-
-@app.command()
-def smoke(
-    recipe: StageRecipeArg = None,
-    recipe_opt: RecipeOpt = None,
-    out: OutOpt = None,
-    runner: RunnerOpt = None,
-    from_log: FromLogOpt = None,
-    require: RequireOpt = None,
-    exit_zero: ExitZeroOpt = False,
-) -> None:
-    """Short run with the smoke overlay: clean exit, every rollout logged, finite losses,
-    step-0 invariants. Exit 0 pass, 1 fail, 3 error, 2 bad input."""
-    from recipeval.stages.smoke import run_smoke
-
-    request = stage_request("smoke", recipe, recipe_opt, out, runner, from_log, require, exit_zero)
-    stage_exit(run_smoke(request), exit_zero)
+@dataclass(frozen=True)
+class StageCommand:
+    stage: str
+    module: str  # imported when the command runs: stage modules pull in pandas and scipy
+    attribute: str  # the module's Stage
+    help: str
 
 
-@app.command("logprob-diff")
-def logprob_diff(
-    recipe: StageRecipeArg = None,
-    recipe_opt: RecipeOpt = None,
-    out: OutOpt = None,
-    runner: RunnerOpt = None,
-    from_log: FromLogOpt = None,
-    require: RequireOpt = None,
-    exit_zero: ExitZeroOpt = False,
-) -> None:
-    """Train-vs-rollout logprob statistics per variant, and variant vs variant on identical
-    tokens. Exit 0 pass, 1 fail, 3 error, 2 bad input."""
-    from recipeval.stages.logprob_diff import run_logprob_diff
+# The run stages' commands, from one table. Each takes the same options (the stage command
+# contract), runs through the stage driver and exits with the stage's code.
+STAGE_COMMANDS = {
+    "smoke": StageCommand(
+        "smoke",
+        "recipeval.stages.smoke",
+        "SMOKE",
+        "Short run with the smoke overlay: clean exit, every rollout logged, finite losses, "
+        "step-0 invariants. Exit 0 pass, 1 fail, 3 error, 2 bad input.",
+    ),
+    "logprob-diff": StageCommand(
+        "logprob_diff",
+        "recipeval.stages.logprob_diff",
+        "LOGPROB_DIFF",
+        "Train-vs-rollout logprob statistics per variant, and variant vs variant on identical "
+        "tokens. Exit 0 pass, 1 fail, 3 error, 2 bad input.",
+    ),
+    "bench": StageCommand(
+        "bench",
+        "recipeval.stages.bench",
+        "BENCH",
+        "Steady-state benchmark: stops the run once every watched metric's 95 % interval is "
+        "within rel_ci (or at max_steps), compares with expect. Exit 0 pass, 1 fail, 3 error, "
+        "2 bad input.",
+    ),
+}
 
-    request = stage_request("logprob_diff", recipe, recipe_opt, out, runner, from_log, require, exit_zero)
-    stage_exit(run_logprob_diff(request), exit_zero)
+
+def _stage_command(name: str, command: StageCommand) -> None:
+
+    def run_stage_command(
+        recipe: StageRecipeArg = None,
+        recipe_opt: RecipeOpt = None,
+        out: OutOpt = None,
+        runner: RunnerOpt = None,
+        from_log: FromLogOpt = None,
+        require: RequireOpt = None,
+        exit_zero: ExitZeroOpt = False,
+    ) -> None:
+        import importlib
+
+        from recipeval.exit_codes import exit_code
+        from recipeval.stages.driver import run
+
+        request = stage_request(
+            command.stage, recipe, recipe_opt, out, runner, from_log, require, exit_zero
+        )
+        result = run(getattr(importlib.import_module(command.module), command.attribute), request)
+        first_line = result.message.splitlines()[0] if result.message else ""
+        print(
+            f"{result.stage} {result.status}: {result.recipe}"
+            + (f": {first_line}" if first_line else "")
+        )
+        raise typer.Exit(exit_code([result.status], exit_zero))
+
+    app.command(name, help=command.help)(run_stage_command)
 
 
-@app.command()
-def bench(
-    recipe: StageRecipeArg = None,
-    recipe_opt: RecipeOpt = None,
-    out: OutOpt = None,
-    runner: RunnerOpt = None,
-    from_log: FromLogOpt = None,
-    require: RequireOpt = None,
-    exit_zero: ExitZeroOpt = False,
-) -> None:
-    """Steady-state benchmark: stops the run once every watched metric's 95 % interval is
-    within rel_ci (or at max_steps), compares with expect. Exit 0 pass, 1 fail, 3 error, 2 bad input."""
-    from recipeval.stages.bench import run_bench
-
-    request = stage_request("bench", recipe, recipe_opt, out, runner, from_log, require, exit_zero)
-    stage_exit(run_bench(request), exit_zero)
+for _name, _command in STAGE_COMMANDS.items():
+    _stage_command(_name, _command)
 
 
 @app.command("env-check")
 def env_check(
-    recipes: Annotated[list[Path] | None, typer.Argument(help="recipe files", show_default=False)] = None,
+    recipes: Annotated[
+        list[Path] | None, typer.Argument(help="recipe files", show_default=False)
+    ] = None,
     recipe_opt: Annotated[
         list[Path] | None, typer.Option("--recipe", help="recipe file (repeatable; or positional)")
     ] = None,
     static: Annotated[bool, typer.Option("--static", help="no live probe of this machine")] = False,
     stage: StageOpt = None,
-    out: Annotated[Path | None, typer.Option(
-        "--out", help="FILE.json (one recipe); or a folder: DIR/env_check.json for one recipe, "
-        "DIR/<recipe-name>/env_check.json for several (each with an env_check.log beside it)",
-    )] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="FILE.json (one recipe); or a folder: DIR/env_check.json for one recipe, "
+            "DIR/<recipe-name>/env_check.json for several (each with an env_check.log beside it)",
+        ),
+    ] = None,
     exit_zero: ExitZeroOpt = False,
     probe_only: Annotated[
-        bool, typer.Option("--probe-only", help="print this machine's live probe as JSON; no recipe")
+        bool,
+        typer.Option("--probe-only", help="print this machine's live probe as JSON; no recipe"),
     ] = False,
-    probe_from: Annotated[Path | None, typer.Option(
-        "--probe-from", help="compare with a probe JSON taken elsewhere (--probe-only > FILE on a node)",
-    )] = None,
+    probe_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--probe-from",
+            help="compare with a probe JSON taken elsewhere (--probe-only > FILE on a node)",
+        ),
+    ] = None,
 ) -> None:
     """Static checks (megatron-core layout, SGLang flags, rule base, memory, context/batch) and,
     without --static, a live probe of this machine. Exit 0 no error, 1 an error-severity check
     failed, 2 bad input, 3 a validator could not run."""
     from recipeval.checks.command import env_check_command
 
-    raise typer.Exit(env_check_command([*(recipes or []), *(recipe_opt or [])], static, stage, out,
-                                       exit_zero, probe_only, probe_from))
+    raise typer.Exit(
+        env_check_command(
+            [*(recipes or []), *(recipe_opt or [])],
+            static,
+            stage,
+            out,
+            exit_zero,
+            probe_only,
+            probe_from,
+        )
+    )
 
 
 @app.command("parse-log")
 def parse_log(
     log: Annotated[Path, typer.Argument(help="training log", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="step table: FILE.csv or FILE.parquet")],
-    engine: Annotated[str, typer.Option("--engine", help="log format: miles (also the reference engine's)")] = "miles",
+    engine: Annotated[
+        str, typer.Option("--engine", help="log format: miles (also the reference engine's)")
+    ] = "miles",
 ) -> None:
     """Read a training log into a step table (one row per rollout id)."""
-    from recipeval.engines.miles.logparse import parse_log as parse
+    from recipeval.engines import ENGINES
     from recipeval.engines.miles.logparse import write_steps
+    from recipeval.stages.common import read_log
 
-    if engine not in ("miles", "reference"):
-        _die(f"--engine {engine!r}: only the miles log format is known (miles, reference)")
+    if engine not in ENGINES:
+        _die(f"--engine {engine!r} is not an engine; choose one of: {', '.join(ENGINES)}")
     if out.suffix not in (".csv", ".parquet"):
         _die(f"--out {out}: name a .csv or .parquet file")
     if not log.is_file():
         _die(f"{log}: no such log file")
-    parsed = parse(log)
+    parsed = read_log(ENGINES[engine].parser(None), log)
     write_steps(parsed.steps, out)
-    print(f"{out}: {len(parsed.steps)} rollouts, {len(parsed.steps.columns)} columns, "
-          f"{parsed.lines} lines read, {parsed.malformed_count} malformed metric lines skipped")
+    print(
+        f"{out}: {len(parsed.steps)} rollouts, {len(parsed.steps.columns)} columns, "
+        f"{parsed.lines} lines read, {parsed.malformed_count} malformed metric lines skipped"
+    )
     for bad in parsed.malformed[:5]:
         print(f"  skipped {log}:{bad.line_number}: {bad.text[:120]}", file=sys.stderr)
 
@@ -277,7 +335,9 @@ def ray_down(
 
     from recipeval.runners.ray_head import STATE_DIR_ENV, shared_head_down
 
-    folder = state_dir or (Path(os.environ[STATE_DIR_ENV]) if os.environ.get(STATE_DIR_ENV) else None)
+    folder = state_dir or (
+        Path(os.environ[STATE_DIR_ENV]) if os.environ.get(STATE_DIR_ENV) else None
+    )
     if folder is None:
         _die(f"name the head's folder: --state-dir or {STATE_DIR_ENV}")
     print(f"ray head in {folder}: {'stopped' if shared_head_down(folder) else 'none running'}")
@@ -285,23 +345,40 @@ def ray_down(
 
 @app.command()
 def publish(
-    inputs: Annotated[list[Path], typer.Argument(help="stage result files, or results folders", show_default=False)],
-    tables: Annotated[Path, typer.Option(help="folder for benchmarks.{md,csv,html}")] = Path("results/tables"),
-    history: Annotated[Path, typer.Option(help="append-only run history folder")] = Path("results/history"),
+    inputs: Annotated[
+        list[Path],
+        typer.Argument(help="stage result files, or results folders", show_default=False),
+    ],
+    tables: Annotated[Path, typer.Option(help="folder for benchmarks.{md,csv,html}")] = Path(
+        "results/tables"
+    ),
+    history: Annotated[Path, typer.Option(help="append-only run history folder")] = Path(
+        "results/history"
+    ),
     junit: Annotated[Path, typer.Option(help="JUnit XML output")] = Path("results/junit.xml"),
-    verdict: Annotated[Path, typer.Option(help="regression verdict JSON output")] = Path("results/regression.json"),
+    verdict: Annotated[Path, typer.Option(help="regression verdict JSON output")] = Path(
+        "results/regression.json"
+    ),
     min_change: Annotated[float, typer.Option(help="smallest relative change reported")] = 0.05,
     alpha: Annotated[float, typer.Option(help="significance level of the regression test")] = 0.01,
     min_history: Annotated[int, typer.Option(help="runs needed to estimate the noise")] = 3,
-    short_history_band: Annotated[float, typer.Option(help="relative band below min-history runs")] = 0.20,
-    fail_on_regression: Annotated[bool, typer.Option(help="exit 1 when a recipe failed or regressed")] = False,
-    plots: Annotated[bool, typer.Option(help="draw plots (in the HTML page and --plot-dir)")] = True,
-    plot_dir: Annotated[Path | None, typer.Option(help="folder for the plots as PNGs [default: TABLES/plots]")] = None,
+    short_history_band: Annotated[
+        float, typer.Option(help="relative band below min-history runs")
+    ] = 0.20,
+    fail_on_regression: Annotated[
+        bool, typer.Option(help="exit 1 when a recipe failed or regressed")
+    ] = False,
+    plots: Annotated[
+        bool, typer.Option(help="draw plots (in the HTML page and --plot-dir)")
+    ] = True,
+    plot_dir: Annotated[
+        Path | None, typer.Option(help="folder for the plots as PNGs [default: TABLES/plots]")
+    ] = None,
 ) -> None:
     """Tables, plots, history, regression verdict and JUnit XML from stage results."""
     from recipeval.analysis.regression import RegressionSettings
-    from recipeval.publish.run import PublishError, PublishOutputs, summary_lines
-    from recipeval.publish.run import publish as run_publish
+    from recipeval.publish.publisher import PublishError, PublishOutputs, summary_lines
+    from recipeval.publish.publisher import publish as run_publish
 
     settings = RegressionSettings(min_change, alpha, min_history, short_history_band)
     try:
@@ -317,9 +394,14 @@ def publish(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def nightly(
     ctx: typer.Context,
-    profile: Annotated[list[str] | None, typer.Option(help="Snakemake profile, e.g. slurm-amd (repeatable: later ones override)")] = None,
+    profile: Annotated[
+        list[str] | None,
+        typer.Option(help="Snakemake profile, e.g. slurm-amd (repeatable: later ones override)"),
+    ] = None,
     cores: Annotated[str | None, typer.Option(help="Snakemake --cores")] = None,
-    verdict: Annotated[Path, typer.Option(help="the verdict publish writes")] = Path("results/regression.json"),
+    verdict: Annotated[Path, typer.Option(help="the verdict publish writes")] = Path(
+        "results/regression.json"
+    ),
 ) -> None:
     """Rerun every stage of every selected recipe (snakemake --forceall; further arguments go
     to snakemake), publish, and exit 1 when a recipe failed or regressed (3: no verdict).

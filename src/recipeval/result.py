@@ -15,14 +15,27 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from recipeval.atomic import atomic_write_text
+
 Status = Literal["pass", "fail", "error", "skipped"]
 Severity = Literal["error", "warning", "info"]
 
 # Names of environment variables whose values are secrets; never written anywhere we write.
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH)", re.IGNORECASE)
+SECRET_NAME = re.compile(
+    r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH)",
+    re.IGNORECASE,
+)
 REDACTED = "***"
 
-TRACKED_PACKAGES = ("recipeval", "torch", "transformers", "megatron-core", "sglang", "ray", "snakemake")
+TRACKED_PACKAGES = (
+    "recipeval",
+    "torch",
+    "transformers",
+    "megatron-core",
+    "sglang",
+    "ray",
+    "snakemake",
+)
 
 
 class Check(BaseModel):
@@ -46,7 +59,6 @@ class Provenance(BaseModel):
     finished: str | None = None
     packages: dict[str, str] = Field(default_factory=dict)
     gpu: str | None = None
-    trainer_revision: str | None = None
     launcher_revision: str | None = None
     python: str = Field(default_factory=platform.python_version)
 
@@ -60,6 +72,11 @@ class StageResult(BaseModel):
     provenance: Provenance
     artifacts: dict[str, str] = Field(default_factory=dict, description="name -> path")
     message: str = ""
+    recipe_facts: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the recipe as the stage ran it (platform, GPUs, layout, values): what "
+        "publish shows, so it never reads recipe files again",
+    )
 
     def failed_checks(self, severity: Severity = "error") -> list[Check]:
         return [c for c in self.checks if not c.ok and c.severity == severity]
@@ -87,7 +104,10 @@ def git_revision(path: Path) -> str | None:
     try:
         proc = subprocess.run(
             ["git", "-C", str(path), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True, text=True, timeout=5, check=False,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -95,7 +115,10 @@ def git_revision(path: Path) -> str | None:
 
 
 def provenance(
-    recipe_name: str, recipe_sha256: str, stage: str, recipe_path: Path | None = None,
+    recipe_name: str,
+    recipe_sha256: str,
+    stage: str,
+    recipe_path: Path | None = None,
     started: str | None = None,
 ) -> Provenance:
     return Provenance(
@@ -127,7 +150,9 @@ def secret_values(environ: dict[str, str] | None = None) -> list[str]:
     masking common short words)."""
     environ = dict(os.environ) if environ is None else environ
     return sorted(
-        {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 6}, key=len, reverse=True
+        {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 6},
+        key=len,
+        reverse=True,
     )
 
 
@@ -140,12 +165,8 @@ def scrub(text: str, secrets: list[str]) -> str:
 
 def write_result(result: StageResult, path: Path) -> Path:
     """Write atomically (temp file + rename) so a crash never leaves half a JSON behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = scrub(result.model_dump_json(indent=2), secret_values())
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, text + "\n")
 
 
 def read_result(path: Path) -> StageResult:

@@ -28,8 +28,15 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-TOKEN_COLUMNS = ("rollout_id", "sample", "position", "token_id", "logp_rollout", "logp_train",
-                 "loss_mask")
+TOKEN_COLUMNS = (
+    "rollout_id",
+    "sample",
+    "position",
+    "token_id",
+    "logp_rollout",
+    "logp_train",
+    "loss_mask",
+)
 SAMPLE_KEYS = ["rollout_id", "sample"]
 TOKEN_KEYS = ["rollout_id", "sample", "position"]
 K3_CLAMP = 10.0
@@ -125,9 +132,11 @@ def diff_stats(
         max_abs_diff=float(abs_d.max()) if n else math.nan,
         k3_kl=_per_sample_mean(k3, sample_key),
         token_mult_prob_error=float(np.exp(abs_d).mean()) if n else math.nan,
-        prob_abs_diff_mean=float(np.abs(np.exp(masked[a].to_numpy(float))
-                                        - np.exp(masked[b].to_numpy(float))).mean())
-        if n else math.nan,
+        prob_abs_diff_mean=float(
+            np.abs(np.exp(masked[a].to_numpy(float)) - np.exp(masked[b].to_numpy(float))).mean()
+        )
+        if n
+        else math.nan,
         frac_above_cutoff=float((abs_d > abs_diff_cutoff).mean()) if n else math.nan,
         abs_diff_cutoff=abs_diff_cutoff,
         first_rollout_abs_mean_diff=abs(_per_sample_mean(d[in_first], sample_key[in_first])),
@@ -156,14 +165,19 @@ def by_position(
     rows = []
     for i in np.unique(index):
         sel = abs_d[index == i]
-        rows.append({
-            "start": int(bounds[i]),
-            "end": float(bounds[i + 1]) if math.isinf(bounds[i + 1]) else int(bounds[i + 1]),
-            "tokens": len(sel), "mean_abs_diff": float(sel.mean()),
-            "p99_abs_diff": float(np.quantile(sel, 0.99)), "max_abs_diff": float(sel.max()),
-        })
-    return pd.DataFrame(rows, columns=["start", "end", "tokens", "mean_abs_diff",
-                                       "p99_abs_diff", "max_abs_diff"])
+        rows.append(
+            {
+                "start": int(bounds[i]),
+                "end": float(bounds[i + 1]) if math.isinf(bounds[i + 1]) else int(bounds[i + 1]),
+                "tokens": len(sel),
+                "mean_abs_diff": float(sel.mean()),
+                "p99_abs_diff": float(np.quantile(sel, 0.99)),
+                "max_abs_diff": float(sel.max()),
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["start", "end", "tokens", "mean_abs_diff", "p99_abs_diff", "max_abs_diff"]
+    )
 
 
 def rescored_pairs(sampled: pd.DataFrame, rescored: pd.DataFrame) -> pd.DataFrame:
@@ -178,7 +192,10 @@ def rescored_pairs(sampled: pd.DataFrame, rescored: pd.DataFrame) -> pd.DataFram
     check_token_table(rescored, (*TOKEN_KEYS, "token_id", "logp_rollout"))
     merged = sampled[[*TOKEN_KEYS, "token_id", "logp_rollout", "loss_mask"]].merge(
         rescored[[*TOKEN_KEYS, "token_id", "logp_rollout"]],
-        on=TOKEN_KEYS, how="left", suffixes=("_a", "_b"), validate="one_to_one",
+        on=TOKEN_KEYS,
+        how="left",
+        suffixes=("_a", "_b"),
+        validate="one_to_one",
     )
     lost = merged["token_id_b"].isna()
     if lost.any():
@@ -190,13 +207,15 @@ def rescored_pairs(sampled: pd.DataFrame, rescored: pd.DataFrame) -> pd.DataFram
             f"re-scored table holds other tokens than the sampled one ({int(changed.sum())} "
             f"differ, first at {first}): it must score the identical tokens"
         )
-    return pd.DataFrame({
-        **{k: merged[k] for k in TOKEN_KEYS},
-        "token_id": merged["token_id_a"].astype(int),
-        "logp_rollout": merged["logp_rollout_b"],
-        "logp_train": merged["logp_rollout_a"],
-        "loss_mask": merged["loss_mask"],
-    })
+    return pd.DataFrame(
+        {
+            **{k: merged[k] for k in TOKEN_KEYS},
+            "token_id": merged["token_id_a"].astype(int),
+            "logp_rollout": merged["logp_rollout_b"],
+            "logp_train": merged["logp_rollout_a"],
+            "loss_mask": merged["loss_mask"],
+        }
+    )
 
 
 def shared_prefix_pairs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
@@ -223,16 +242,18 @@ def shared_prefix_pairs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     prefix = same.groupby([merged["rollout_id"], merged["sample"]]).cummin()
     keep = prefix & merged["loss_mask_a"].astype(bool) & merged["loss_mask_b"].astype(bool)
     shared = merged[keep]
-    return pd.DataFrame({
-        **{k: shared[k].to_numpy() for k in TOKEN_KEYS},
-        "token_id": shared["token_id_a"].to_numpy(),
-        "logp_rollout": shared["logp_rollout_b"].to_numpy(),
-        "logp_train": shared["logp_rollout_a"].to_numpy(),
-        "loss_mask": np.ones(len(shared), dtype=np.int8),
-        # How far the two trainers' recomputes differ on these tokens (0 when both variants
-        # train the same way on the same weights, which makes the comparison exact).
-        "train_gap": (shared["logp_train_b"] - shared["logp_train_a"]).abs().to_numpy(),
-    })
+    return pd.DataFrame(
+        {
+            **{k: shared[k].to_numpy() for k in TOKEN_KEYS},
+            "token_id": shared["token_id_a"].to_numpy(),
+            "logp_rollout": shared["logp_rollout_b"].to_numpy(),
+            "logp_train": shared["logp_rollout_a"].to_numpy(),
+            "loss_mask": np.ones(len(shared), dtype=np.int8),
+            # How far the two trainers' recomputes differ on these tokens (0 when both variants
+            # train the same way on the same weights, which makes the comparison exact).
+            "train_gap": (shared["logp_train_b"] - shared["logp_train_a"]).abs().to_numpy(),
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -261,8 +282,11 @@ def scalar_stats(steps: pd.DataFrame) -> ScalarStats:
     abs_diff, kl = col(SCALAR_ABS_DIFF), col(SCALAR_KL)
     first = math.nan
     if SCALAR_TRAIN_LOGP in steps.columns and SCALAR_ROLLOUT_LOGP in steps.columns:
-        both = steps[[SCALAR_TRAIN_LOGP, SCALAR_ROLLOUT_LOGP]].apply(
-            pd.to_numeric, errors="coerce").dropna()
+        both = (
+            steps[[SCALAR_TRAIN_LOGP, SCALAR_ROLLOUT_LOGP]]
+            .apply(pd.to_numeric, errors="coerce")
+            .dropna()
+        )
         if len(both):
             first = abs(float(both.iloc[0, 0] - both.iloc[0, 1]))
     return ScalarStats(

@@ -3,7 +3,6 @@ global pyplot state). Each writes atomically and returns the path."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -13,25 +12,26 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from recipeval.analysis.steady_state import SteadyEstimate
+from recipeval.atomic import atomic_write
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
     FigureCanvasAgg(fig)
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(
+        path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    )
 
 
-def abs_diff_histogram(abs_diffs: Mapping[str, np.ndarray], path: Path,
-                       cutoff: float | None = None) -> Path:
+def abs_diff_histogram(
+    abs_diffs: Mapping[str, np.ndarray], path: Path, cutoff: float | None = None
+) -> Path:
     """Histogram of per-token |logp_rollout - logp_train| per variant, on log-spaced bins (the
     error spans orders of magnitude); exact zeros are counted in the first bin."""
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot()
-    positive = np.concatenate([np.asarray(v, float)[np.asarray(v) > 0] for v in abs_diffs.values()]
-                              or [np.array([])])
+    positive = np.concatenate(
+        [np.asarray(v, float)[np.asarray(v) > 0] for v in abs_diffs.values()] or [np.array([])]
+    )
     low = max(float(positive.min()) if positive.size else 1e-8, 1e-10)
     high = max(float(positive.max()) if positive.size else 1.0, low * 10)
     bins = np.geomspace(low, high, 50)
@@ -58,9 +58,15 @@ def abs_diff_by_position(buckets: Mapping[str, pd.DataFrame], path: Path) -> Pat
         if table.empty:
             continue
         x = table["start"].to_numpy(float) + 1  # log axis: bucket [0, 16) sits at 1
-        line, = ax.plot(x, table["mean_abs_diff"], marker="o", label=f"{name} mean")
-        ax.plot(x, table["p99_abs_diff"], marker=".", linestyle=":", color=line.get_color(),
-                label=f"{name} p99")
+        (line,) = ax.plot(x, table["mean_abs_diff"], marker="o", label=f"{name} mean")
+        ax.plot(
+            x,
+            table["p99_abs_diff"],
+            marker=".",
+            linestyle=":",
+            color=line.get_color(),
+            label=f"{name} p99",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("response position (bucket start + 1)")
@@ -70,8 +76,11 @@ def abs_diff_by_position(buckets: Mapping[str, pd.DataFrame], path: Path) -> Pat
     return _save(fig, path)
 
 
-def step_time_plot(series: Mapping[str, tuple[np.ndarray, np.ndarray]],
-                   estimates: Mapping[str, SteadyEstimate], path: Path) -> Path:
+def step_time_plot(
+    series: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    estimates: Mapping[str, SteadyEstimate],
+    path: Path,
+) -> Path:
     """One panel per metric: its value per rollout id, the warm-up (shaded grey) and steady
     (shaded green) windows, the odd steps left out (red crosses), the steady estimate and its
     interval. `series` maps a metric to (rollout ids, values) of its finite values, in step
@@ -83,21 +92,46 @@ def step_time_plot(series: Mapping[str, tuple[np.ndarray, np.ndarray]],
         est = estimates.get(metric)
         if est is not None and len(ids):
             warm_end = ids[est.warmup] - 0.5 if est.warmup < len(ids) else ids[-1] + 0.5
-            ax.axvspan(ids[0] - 0.5, warm_end, color="grey", alpha=0.2,
-                       label=f"warm-up ({est.warmup} steps)")
-            ax.axvspan(warm_end, ids[-1] + 0.5, color="tab:green", alpha=0.08,
-                       label=f"steady ({est.used} steps)")
+            ax.axvspan(
+                ids[0] - 0.5,
+                warm_end,
+                color="grey",
+                alpha=0.2,
+                label=f"warm-up ({est.warmup} steps)",
+            )
+            ax.axvspan(
+                warm_end,
+                ids[-1] + 0.5,
+                color="tab:green",
+                alpha=0.08,
+                label=f"steady ({est.used} steps)",
+            )
             if est.odd:
                 odd = [i for i in est.odd if i < len(ids)]
-                ax.plot(ids[odd], values[odd], linestyle="none", marker="x", color="tab:red",
-                        label=f"odd, left out ({len(est.odd)})")
+                ax.plot(
+                    ids[odd],
+                    values[odd],
+                    linestyle="none",
+                    marker="x",
+                    color="tab:red",
+                    label=f"odd, left out ({len(est.odd)})",
+                )
             iv = est.interval
             if np.isfinite(iv.estimate):
-                ax.axhline(iv.estimate, color="tab:green", linewidth=1.2,
-                           label=f"estimate {iv.estimate:.4g}")
+                ax.axhline(
+                    iv.estimate,
+                    color="tab:green",
+                    linewidth=1.2,
+                    label=f"estimate {iv.estimate:.4g}",
+                )
             if np.isfinite(iv.low) and np.isfinite(iv.high):
-                ax.axhspan(iv.low, iv.high, color="tab:green", alpha=0.25,
-                           label=f"{iv.confidence:.0%} interval (+/-{iv.rel_width / 2:.1%})")
+                ax.axhspan(
+                    iv.low,
+                    iv.high,
+                    color="tab:green",
+                    alpha=0.25,
+                    label=f"{iv.confidence:.0%} interval (+/-{iv.rel_width / 2:.1%})",
+                )
         ax.set_title(metric, fontsize=10)
         ax.set_ylabel("s" if "time" in metric else "")
         if ax.get_legend_handles_labels()[0]:

@@ -34,7 +34,9 @@ _LOGPROB = re.compile(r"(logprob|_kl\b|kl$)", re.IGNORECASE)
 
 # Metric names where a larger value is better; everything else (times, logprob differences,
 # KL, errors) is better when smaller.
-_HIGHER_IS_BETTER = re.compile(r"(per_sec|per_s\b|tok_per_s|tokens_per|tflops|throughput|mfu)", re.IGNORECASE)
+_HIGHER_IS_BETTER = re.compile(
+    r"(per_sec|per_s\b|tok_per_s|tokens_per|tflops|throughput|mfu)", re.IGNORECASE
+)
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,9 @@ def _best_split(x: np.ndarray, min_segment: int) -> tuple[int, float]:
     return int(k[best]), float(2 * stats.t.sf(t[best], df))
 
 
-def change_points(values: Sequence[float], settings: RegressionSettings = RegressionSettings()) -> list[int]:
+def change_points(
+    values: Sequence[float], settings: RegressionSettings = RegressionSettings()
+) -> list[int]:
     """Indices where a new level starts, searching right of each accepted split."""
     x = np.asarray(values, dtype=float)
     found: list[int] = []
@@ -149,11 +153,31 @@ def judge(
     better_up = higher_is_better(metric)
     hist = np.asarray([v for v in history if v is not None and math.isfinite(v)], dtype=float)
     if not math.isfinite(value):
-        return MetricVerdict(metric, "regression", value, None, len(hist), 0, None, None, better_up,
-                             "value is not finite")
+        return MetricVerdict(
+            metric,
+            "regression",
+            value,
+            None,
+            len(hist),
+            0,
+            None,
+            None,
+            better_up,
+            "value is not finite",
+        )
     if len(hist) == 0:
-        return MetricVerdict(metric, "no_history", value, None, 0, 0, None, None, better_up,
-                             "first run of this metric")
+        return MetricVerdict(
+            metric,
+            "no_history",
+            value,
+            None,
+            0,
+            0,
+            None,
+            None,
+            better_up,
+            "first run of this metric",
+        )
     start, end = last_stable_segment(hist, settings)
     seg = hist[start:end]
     mean = float(seg.mean())
@@ -182,4 +206,6 @@ def judge(
         changed = False
         reason += f"; |change| {abs(value - mean):.2g} under the absolute floor {floor:g}"
     kind: Kind = ("regression" if worse else "improvement") if changed else "unchanged"
-    return MetricVerdict(metric, kind, float(value), mean, len(seg), start, rel, p_value, better_up, reason)
+    return MetricVerdict(
+        metric, kind, float(value), mean, len(seg), start, rel, p_value, better_up, reason
+    )

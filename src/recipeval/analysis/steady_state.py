@@ -102,8 +102,9 @@ def detect_warmup(values: Sequence[float] | np.ndarray, z: float = WARMUP_Z) -> 
     return min(_leading_outside(x, *_level_and_spread(x[warmup:]), z), cap)
 
 
-def odd_steps(values: Sequence[float] | np.ndarray, alpha: float = ODD_STEP_ALPHA,
-              max_share: float = TRIM) -> np.ndarray:
+def odd_steps(
+    values: Sequence[float] | np.ndarray, alpha: float = ODD_STEP_ALPHA, max_share: float = TRIM
+) -> np.ndarray:
     """Mask of the odd steps of a steady series (see the module docstring): repeatedly, the
     most extreme step is odd when its externally studentised residual has a two-sided p-value
     below `alpha`; at most ceil(max_share * n) steps, each tested among at least four."""
@@ -196,9 +197,16 @@ class SteadyEstimate:
     def to_dict(self) -> dict[str, float | int | str]:
         iv = self.interval
         return {
-            "metric": self.metric, "estimate": iv.estimate, "low": iv.low, "high": iv.high,
-            "rel_width": iv.rel_width, "confidence": iv.confidence, "steps": self.steps,
-            "warmup": self.warmup, "odd": len(self.odd), "used": iv.n,
+            "metric": self.metric,
+            "estimate": iv.estimate,
+            "low": iv.low,
+            "high": iv.high,
+            "rel_width": iv.rel_width,
+            "confidence": iv.confidence,
+            "steps": self.steps,
+            "warmup": self.warmup,
+            "odd": len(self.odd),
+            "used": iv.n,
         }
 
 
@@ -213,8 +221,9 @@ def steady_state(
     return _estimate(_finite(values), metric, confidence, z, min_steady=0)
 
 
-def _estimate(x: np.ndarray, metric: str, confidence: float, z: float,
-              min_steady: int) -> SteadyEstimate:
+def _estimate(
+    x: np.ndarray, metric: str, confidence: float, z: float, min_steady: int
+) -> SteadyEstimate:
     """steady_state over finite values; with fewer than `min_steady` steady values the interval
     is left unformed (NaN), which keeps the stopping rule cheap on its early calls."""
     warmup = detect_warmup(x, z)
@@ -224,8 +233,9 @@ def _estimate(x: np.ndarray, metric: str, confidence: float, z: float,
         return SteadyEstimate(metric, len(x), warmup, unformed)
     odd = odd_steps(steady)
     interval = trimmed_mean_interval(steady[~odd], confidence)
-    return SteadyEstimate(metric, len(x), warmup, interval,
-                          tuple(int(i) + warmup for i in np.flatnonzero(odd)))
+    return SteadyEstimate(
+        metric, len(x), warmup, interval, tuple(int(i) + warmup for i in np.flatnonzero(odd))
+    )
 
 
 @dataclass(frozen=True)
@@ -262,16 +272,14 @@ class StopDecision:
 
     def precise(self, metric: str, rule: StoppingRule) -> bool:
         est = self.estimates.get(metric)
-        return est is not None and _is_precise(est, rule)
+        return est is not None and is_precise(est, rule)
 
 
-def _is_precise(est: SteadyEstimate, rule: StoppingRule) -> bool:
+def is_precise(est: SteadyEstimate, rule: StoppingRule) -> bool:
     return est.used >= rule.min_steps and est.interval.rel_width <= rule.rel_ci
 
 
-def decide(
-    series: Mapping[str, Sequence[float] | np.ndarray], rule: StoppingRule
-) -> StopDecision:
+def decide(series: Mapping[str, Sequence[float] | np.ndarray], rule: StoppingRule) -> StopDecision:
     """Apply the stopping rule to the series observed so far (metric -> values, step order).
 
     Cheap enough to call after every step: intervals are only formed once a metric has
@@ -282,10 +290,15 @@ def decide(
     estimates: dict[str, SteadyEstimate] = {}
     all_precise = bool(series)
     for metric, values in series.items():
-        est = _estimate(_finite(values), metric, rule.confidence, WARMUP_Z,
-                        min_steady=0 if final else rule.min_steps)
+        est = _estimate(
+            _finite(values),
+            metric,
+            rule.confidence,
+            WARMUP_Z,
+            min_steady=0 if final else rule.min_steps,
+        )
         estimates[metric] = est
-        all_precise = all_precise and _is_precise(est, rule)
+        all_precise = all_precise and is_precise(est, rule)
     if all_precise:
         return StopDecision(True, "precise", steps, estimates)
     if final:

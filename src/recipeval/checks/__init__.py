@@ -3,7 +3,7 @@
 Static checks validate the recipe with the trainer stack's own code (megatron-core's config and
 parallel-state set-up, SGLang's argument parser), a rule base kept as data (rules.yaml), and
 memory / context / batch arithmetic. The live probe (probe.py) reads the machine it runs on.
-Entry point: `recipeval.checks.run.env_check`; CLI `recipeval env-check`.
+Entry point: `recipeval.checks.env_check.env_check`; CLI `recipeval env-check`.
 
 Check ids, by family (each check names the dotted recipe key to fix):
   layout.*     world size, expert layout, divisibility, sequence parallel, pipeline split

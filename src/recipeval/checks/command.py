@@ -7,7 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from recipeval.checks.run import env_check, exit_code, report_lines, write_outputs
+from recipeval.checks.env_check import env_check, exit_status, report_lines
+from recipeval.errors import UsageError
+from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK
 
 
 def _read_probe(path: Path) -> dict | str:
@@ -40,21 +42,14 @@ def env_check_command(
                 "recipeval: --probe-only takes no recipe (it prints this machine's probe)",
                 file=sys.stderr,
             )
-            return 2
+            return EXIT_BAD_INPUT
         from recipeval.checks.probe import probe
 
         print(json.dumps(probe(), indent=2))
-        return 0
+        return EXIT_OK
     if not recipes:
         print("recipeval: name at least one recipe (argument or --recipe)", file=sys.stderr)
-        return 2
-    if out is not None and out.suffix == ".json" and len(recipes) > 1:
-        print(
-            f"recipeval: --out {out}: a .json file holds one recipe's result; give a folder for "
-            f"{len(recipes)} recipes",
-            file=sys.stderr,
-        )
-        return 2
+        return EXIT_BAD_INPUT
     found = None
     if probe_from is not None:
         if static:
@@ -62,25 +57,23 @@ def env_check_command(
                 "recipeval: --probe-from compares a probe with the recipe; drop --static",
                 file=sys.stderr,
             )
-            return 2
+            return EXIT_BAD_INPUT
         found = _read_probe(probe_from)
         if isinstance(found, str):
             print(f"recipeval: {found}", file=sys.stderr)
-            return 2
-    outcome = env_check(recipes, static=static, stage=stage, found=found)
-    for line in outcome.bad_input:
+            return EXIT_BAD_INPUT
+    try:
+        report = env_check(recipes, static=static, stage=stage, found=found, out=out)
+    except UsageError as err:  # --out cannot hold these results
+        print(f"recipeval: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as err:
+        print(f"recipeval: cannot write {out}: {err.strerror or err}", file=sys.stderr)
+        return EXIT_ERROR
+    for line in report.bad_input:
         print(f"recipeval: {line}", file=sys.stderr)
-    for result in outcome.results:
-        print("\n".join(report_lines(result)))
-    if out is not None and outcome.results:
-        try:
-            paths = write_outputs(outcome, out)
-        except ValueError as err:
-            print(f"recipeval: {err}", file=sys.stderr)
-            return 2
-        except OSError as err:
-            print(f"recipeval: cannot write {out}: {err.strerror or err}", file=sys.stderr)
-            return 3
-        for path in paths:
-            print(f"wrote {path}")
-    return exit_code(outcome, exit_zero and out is not None)
+    for result in report.results:
+        print("\n".join(report_lines(result.status, result.recipe, result.message, result.checks)))
+    for path in report.written:
+        print(f"wrote {path}")
+    return exit_status(report, exit_zero and out is not None)

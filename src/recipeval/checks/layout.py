@@ -15,6 +15,7 @@ from typing import Any
 
 from recipeval.checks.fastimport import import_leaf
 from recipeval.checks.subject import Subject
+from recipeval.recipe.resolve import flag_present
 from recipeval.result import Check
 
 # Flags whose values megatron's argument parsing copies into TransformerConfig under another
@@ -88,7 +89,7 @@ def load_megatron() -> Megatron:
 
 def data_parallel_size(subject: Subject) -> int | None:
     p = subject.recipe.parallel
-    model = p.tp * p.pp * p.cp
+    model = p.model_parallel_size
     return subject.recipe.world_size // model if subject.recipe.world_size % model == 0 else None
 
 
@@ -100,7 +101,7 @@ def arithmetic_checks(subject: Subject) -> list[Check]:
     checks: list[Check] = []
     gpus = f"{r.cluster.nodes} nodes x {r.cluster.gpus_per_node} GPUs = {world}"
 
-    model_size = p.tp * p.pp * p.cp
+    model_size = p.model_parallel_size
     checks.append(
         subject.check(
             "layout.world-size",
@@ -306,7 +307,7 @@ def transformer_config_kwargs(subject: Subject, field_names: set[str]) -> dict[s
         }
     flags = {**m.args, **subject.args}
     for flag, field in MEGATRON_FIELDS.items():
-        if flag in flags and flags[flag] is not None and flags[flag] is not False:
+        if flag_present(flags.get(flag)):
             kwargs[field] = _flag_value(flags[flag])
     return {k: v for k, v in kwargs.items() if k in field_names and v is not None}
 

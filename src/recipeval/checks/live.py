@@ -13,10 +13,6 @@ from recipeval.checks.subject import Subject
 from recipeval.result import Check
 
 # What each engine imports on the machine that runs it.
-ENGINE_PACKAGES = {
-    "miles": ("torch", "sglang", "megatron-core", "ray"),
-    "reference": ("torch", "transformers"),
-}
 # envs/trainer-<platform>.yaml: the trainer environment a GPU recipe expects on its nodes.
 TRAINER_ENVS = Path(__file__).resolve().parents[3] / "envs"
 
@@ -115,7 +111,7 @@ def live_checks(subject: Subject, found: dict[str, Any]) -> list[Check]:
 
 def _package_check(subject: Subject, found: dict[str, Any]) -> Check:
     versions = found.get("packages") or {}
-    needed = ENGINE_PACKAGES.get(subject.recipe.engine, ())
+    needed = subject.engine.packages
     missing = [p for p in needed if not versions.get(p)]
     listed = ", ".join(
         f"{p} {versions.get(p) or 'missing'}" for p in (*needed, "miles") if p in versions

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from recipeval.checks.subject import Subject
+from recipeval.recipe.resolve import flag_present
 from recipeval.result import Check, Severity
 
 RULES_FILE = Path(__file__).with_name("rules.yaml")
@@ -246,7 +247,7 @@ def evaluate(rule: Rule, subject: Subject, base: RuleBase) -> Check:
     if applies:
         for flag, cond in when.args.items():
             value = subject.arg(flag)
-            as_bool = value is not None and value is not False
+            as_bool = flag_present(value)
             if not _holds(cond, value, as_bool, subject):
                 applies = False
                 break

@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from recipeval.engines import Engine, engine_for
 from recipeval.recipe import LoadedRecipe, Resolved, resolve
+from recipeval.recipe.resolve import flag_present
 from recipeval.result import Check, Severity
 
 
@@ -23,6 +25,10 @@ class Subject:
     @property
     def recipe(self):  # -> Recipe
         return self.loaded.recipe
+
+    @property
+    def engine(self) -> Engine:
+        return engine_for(self.recipe.engine)
 
     @property
     def stage(self) -> str | None:
@@ -51,8 +57,7 @@ class Subject:
 
     def flag_on(self, flag: str) -> bool:
         """A bare flag is on when present and not false/null (the loader drops those)."""
-        value = self.arg(flag)
-        return value is not None and value is not False
+        return flag_present(self.arg(flag))
 
     def arg_key(self, flag: str) -> str:
         """Dotted recipe key that sets `flag`: the stage overlay wins over `args`."""

@@ -7,7 +7,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from recipeval.recipe.resolve import Resolved
+from recipeval.recipe.resolve import Resolved, flag_present
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,10 @@ class Launch:
         """A script a person can run by hand; every word is quoted."""
         lines = [
             "#!/usr/bin/env bash",
-            (f"# recipeval render: engine={self.engine} stage={self.stage or '-'}"
-             f" recipe_sha256={self.recipe_sha256}"),
+            (
+                f"# recipeval render: engine={self.engine} stage={self.stage or '-'}"
+                f" recipe_sha256={self.recipe_sha256}"
+            ),
             "set -euo pipefail",
         ]
         if self.argv == self.entrypoint:
@@ -67,7 +69,7 @@ def flag_words(args: dict[str, Any]) -> list[str]:
     '--x', '1', '2']; values are words, never shell text."""
     words: list[str] = []
     for flag, value in args.items():
-        if value is None or value is False:
+        if not flag_present(value):
             continue
         words.append(f"--{flag}")
         if value is True:
@@ -115,22 +117,26 @@ def model_flags(resolved: Resolved, positions: bool = True) -> list[str]:
 
 def parallel_flags(resolved: Resolved) -> list[str]:
     p = resolved.recipe.parallel
-    return flag_words({
-        "tensor-model-parallel-size": p.tp,
-        "sequence-parallel": p.sequence_parallel,
-        "pipeline-model-parallel-size": p.pp,
-        "decoder-first-pipeline-num-layers": p.pp_first_stage_layers,
-        "decoder-last-pipeline-num-layers": p.pp_last_stage_layers,
-        "context-parallel-size": p.cp,
-        "expert-model-parallel-size": p.ep,
-        "expert-tensor-parallel-size": p.etp,
-    })
+    return flag_words(
+        {
+            "tensor-model-parallel-size": p.tp,
+            "sequence-parallel": p.sequence_parallel,
+            "pipeline-model-parallel-size": p.pp,
+            "decoder-first-pipeline-num-layers": p.pp_first_stage_layers,
+            "decoder-last-pipeline-num-layers": p.pp_last_stage_layers,
+            "context-parallel-size": p.cp,
+            "expert-model-parallel-size": p.ep,
+            "expert-tensor-parallel-size": p.etp,
+        }
+    )
 
 
 def cluster_flags(resolved: Resolved) -> list[str]:
     c = resolved.recipe.cluster
-    return flag_words({
-        "actor-num-nodes": c.nodes,
-        "actor-num-gpus-per-node": c.gpus_per_node,
-        "num-gpus-per-node": c.gpus_per_node,
-    })
+    return flag_words(
+        {
+            "actor-num-nodes": c.nodes,
+            "actor-num-gpus-per-node": c.gpus_per_node,
+            "num-gpus-per-node": c.gpus_per_node,
+        }
+    )

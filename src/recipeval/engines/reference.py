@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
+from recipeval.engines.base import Engine
 from recipeval.engines.launch import Launch, Resources, cluster_flags, flag_words, model_flags
+from recipeval.engines.miles import log_parser
 from recipeval.recipe.load import recipe_sha256
 from recipeval.recipe.resolve import Resolved
 
@@ -42,3 +46,22 @@ def render(resolved: Resolved, environ: Mapping[str, str] | None = None) -> Laun
         stage=resolved.stage,
         variant=resolved.variant,
     )
+
+
+def dump_args(path: Path) -> dict[str, Any]:
+    return {"dump-logprobs": str(path)}
+
+
+def rescore_args(source: Path) -> dict[str, Any]:
+    # One rollout is enough: it scores the dump's responses under the weights both share.
+    return {"score-tokens": str(source), "num-rollout": 1}
+
+
+ENGINE = Engine(
+    name="reference",
+    render=render,
+    parser=log_parser,
+    dump_args=dump_args,
+    rescore_args=rescore_args,
+    packages=("torch", "transformers"),
+)

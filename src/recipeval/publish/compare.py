@@ -12,8 +12,13 @@ from recipeval.publish.records import PROVENANCE_FIELDS, RunRecord
 # Metrics worth a verdict: the bench's steady-state estimates (those with an interval) and
 # these headline numbers. Judging every number in every summary would multiply the nightly
 # false-alarm rate by the number of metrics (counts, per-variant detail, positions).
-HEADLINES = ("train_rollout_logprob_abs_diff", "train_rollout_kl", "tokens_per_gpu_per_sec",
-             "actor_train_tflops", "actor_train_tok_per_s")
+HEADLINES = (
+    "train_rollout_logprob_abs_diff",
+    "train_rollout_kl",
+    "tokens_per_gpu_per_sec",
+    "actor_train_tflops",
+    "actor_train_tok_per_s",
+)
 
 
 @dataclass(frozen=True)
@@ -44,8 +49,11 @@ class RecipeVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "recipe": self.recipe, "run_id": self.run_id, "status": self.status,
-            "failures": self.failures, "last_good_run": self.last_good_run,
+            "recipe": self.recipe,
+            "run_id": self.run_id,
+            "status": self.status,
+            "failures": self.failures,
+            "last_good_run": self.last_good_run,
             "metrics": [m.to_dict() for m in self.metrics],
             "changes": [vars(c) for c in self.changes],
         }
@@ -61,14 +69,19 @@ def what_changed(before: RunRecord, after: RunRecord) -> list[Change]:
     for kind, old, new in (
         ("recipe", before.recipe_values, after.recipe_values),
         ("package", before.packages, after.packages),
-        ("provenance", {k: before.provenance.get(k) for k in PROVENANCE_FIELDS},
-         {k: after.provenance.get(k) for k in PROVENANCE_FIELDS}),
+        (
+            "provenance",
+            {k: before.provenance.get(k) for k in PROVENANCE_FIELDS},
+            {k: after.provenance.get(k) for k in PROVENANCE_FIELDS},
+        ),
     ):
         for key in sorted(set(old) | set(new)):
             if old.get(key) != new.get(key):
                 changes.append(Change(kind, key, old.get(key), new.get(key)))
     if before.recipe_sha256 != after.recipe_sha256 and not any(c.kind == "recipe" for c in changes):
-        changes.append(Change("recipe", "sha256", before.recipe_sha256[:12], after.recipe_sha256[:12]))
+        changes.append(
+            Change("recipe", "sha256", before.recipe_sha256[:12], after.recipe_sha256[:12])
+        )
     return changes
 
 
@@ -81,12 +94,18 @@ def _failures(record: RunRecord) -> list[str]:
     return out
 
 
-def judge_run(record: RunRecord, history: list[RunRecord],
-              settings: RegressionSettings) -> RecipeVerdict:
+def judge_run(
+    record: RunRecord, history: list[RunRecord], settings: RegressionSettings
+) -> RecipeVerdict:
     """`history` may contain runs of any recipe and this run itself; only earlier runs of the
     same recipe count, and of those only the values whose stage passed."""
-    prior = [r for r in history if r.recipe == record.recipe and r.run_id != record.run_id
-             and (r.date or "") <= (record.date or "")]
+    prior = [
+        r
+        for r in history
+        if r.recipe == record.recipe
+        and r.run_id != record.run_id
+        and (r.date or "") <= (record.date or "")
+    ]
     verdicts: list[MetricVerdict] = []
     for metric, value in sorted(record.metrics.items()):
         stage = metric.split(".", 1)[0]

@@ -4,7 +4,6 @@ metrics, and the plots the stages drew. The HTML page embeds them; a folder of P
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from recipeval.atomic import atomic_write
 from recipeval.publish import plots
 from recipeval.publish.compare import RecipeVerdict
 from recipeval.publish.records import RunRecord
@@ -42,10 +42,16 @@ def overview_figures(records: list[RunRecord]) -> list[Figure]:
             metric = find_metric(rec, endings, "bench")
             if metric and column.endswith("(s)"):
                 low, high = rec.intervals.get(metric, (None, None))
-                bars.setdefault(rec.recipe, {})[column.removesuffix(" (s)")] = (rec.metrics[metric], low, high)
+                bars.setdefault(rec.recipe, {})[column.removesuffix(" (s)")] = (
+                    rec.metrics[metric],
+                    low,
+                    high,
+                )
     if not bars:
         return []
-    return [Figure(OVERVIEW, "steady-state-times", "steady-state times", plots.stage_time_plot(bars))]
+    return [
+        Figure(OVERVIEW, "steady-state-times", "steady-state times", plots.stage_time_plot(bars))
+    ]
 
 
 def history_figures(
@@ -64,7 +70,11 @@ def history_figures(
             # A history plot needs a history: one point says nothing a table cell does not.
             if ((frame["recipe"] == rec.recipe) & (frame["metric"] == metric)).sum() >= 2:
                 png = plots.history_plot(frame, rec.recipe, metric, verdict)
-                figures.append(Figure(rec.recipe, _file_stem(f"history-{metric}"), f"{rec.recipe} {metric}", png))
+                figures.append(
+                    Figure(
+                        rec.recipe, _file_stem(f"history-{metric}"), f"{rec.recipe} {metric}", png
+                    )
+                )
     return figures
 
 
@@ -77,15 +87,23 @@ def stage_figures(results: Iterable[StageResult]) -> list[Figure]:
             path = Path(value)
             if path.suffix == ".png" and path.is_file():
                 name = _file_stem(f"{res.stage}-{key}")
-                figures.append(Figure(res.recipe, name, f"{res.recipe} {res.stage} {key}", path.read_bytes()))
+                figures.append(
+                    Figure(res.recipe, name, f"{res.recipe} {res.stage} {key}", path.read_bytes())
+                )
     return figures
 
 
 def all_figures(
-    records: list[RunRecord], verdicts: dict[str, RecipeVerdict], frame: pd.DataFrame,
+    records: list[RunRecord],
+    verdicts: dict[str, RecipeVerdict],
+    frame: pd.DataFrame,
     results: Iterable[StageResult],
 ) -> list[Figure]:
-    return overview_figures(records) + history_figures(records, verdicts, frame) + stage_figures(results)
+    return (
+        overview_figures(records)
+        + history_figures(records, verdicts, frame)
+        + stage_figures(results)
+    )
 
 
 def write_figures(figures: list[Figure], folder: Path) -> None:
@@ -100,8 +118,7 @@ def write_figures(figures: list[Figure], folder: Path) -> None:
         if not any(group.iterdir()):
             group.rmdir()
     for figure in figures:
-        path = folder / figure.group / f"{figure.name}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(figure.png)
-        os.replace(tmp, path)
+        png = figure.png
+        atomic_write(
+            folder / figure.group / f"{figure.name}.png", lambda tmp, png=png: tmp.write_bytes(png)
+        )

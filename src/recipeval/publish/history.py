@@ -45,7 +45,9 @@ def load(history: Path) -> list[RunRecord]:
         try:
             records.append(RunRecord.model_validate_json(file.read_text()))
         except ValueError as err:
-            print(f"recipeval publish: skipping unreadable history file {file}: {str(err).splitlines()[0]}")
+            print(
+                f"recipeval publish: skipping unreadable history file {file}: {str(err).splitlines()[0]}"
+            )
     records.sort(key=lambda r: (r.date or "", r.run_id))
     return records
 
@@ -55,18 +57,46 @@ def to_frame(records: list[RunRecord]) -> pd.DataFrame:
     rows = []
     for rec in records:
         base = {
-            "run_id": rec.run_id, "recipe": rec.recipe, "recipe_sha256": rec.recipe_sha256,
-            "date": rec.date, "platform": rec.platform, "gpu": rec.gpu,
-            "failed": rec.failed, "packages": json.dumps(rec.packages, sort_keys=True),
+            "run_id": rec.run_id,
+            "recipe": rec.recipe,
+            "recipe_sha256": rec.recipe_sha256,
+            "date": rec.date,
+            "platform": rec.platform,
+            "gpu": rec.gpu,
+            "failed": rec.failed,
+            "packages": json.dumps(rec.packages, sort_keys=True),
         }
         for metric, value in rec.metrics.items():
             low, high = rec.intervals.get(metric, (None, None))
             stage = metric.split(".", 1)[0]
             status = rec.stages[stage].status if stage in rec.stages else None
-            rows.append({**base, "stage": stage, "stage_status": status, "metric": metric,
-                         "value": value, "low": low, "high": high})
-    columns = ["run_id", "recipe", "recipe_sha256", "date", "platform", "gpu", "failed", "packages",
-               "stage", "stage_status", "metric", "value", "low", "high"]
+            rows.append(
+                {
+                    **base,
+                    "stage": stage,
+                    "stage_status": status,
+                    "metric": metric,
+                    "value": value,
+                    "low": low,
+                    "high": high,
+                }
+            )
+    columns = [
+        "run_id",
+        "recipe",
+        "recipe_sha256",
+        "date",
+        "platform",
+        "gpu",
+        "failed",
+        "packages",
+        "stage",
+        "stage_status",
+        "metric",
+        "value",
+        "low",
+        "high",
+    ]
     frame = pd.DataFrame(rows, columns=columns)
     frame["date"] = pd.to_datetime(frame["date"], utc=True, errors="coerce", format="ISO8601")
     return frame

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from recipeval.atomic import atomic_write
 from recipeval.publish.compare import RecipeVerdict
 from recipeval.publish.records import RunRecord
 
@@ -48,7 +48,9 @@ def junit_xml(records: list[RunRecord], verdicts: dict[str, RecipeVerdict]) -> E
             tc = case(history, rec.recipe, mv.metric)
             if mv.kind == "regression":
                 counts[history][1] += 1
-                changes = "\n".join(f"{c.kind} {c.key}: {c.before} -> {c.after}" for c in verdict.changes)
+                changes = "\n".join(
+                    f"{c.kind} {c.key}: {c.before} -> {c.after}" for c in verdict.changes
+                )
                 ET.SubElement(tc, "failure", message=mv.reason).text = changes
             elif mv.kind == "no_history":
                 counts[history][3] += 1
@@ -65,8 +67,5 @@ def junit_xml(records: list[RunRecord], verdicts: dict[str, RecipeVerdict]) -> E
 
 
 def write_junit(records: list[RunRecord], verdicts: dict[str, RecipeVerdict], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    junit_xml(records, verdicts).write(tmp, encoding="utf-8", xml_declaration=True)
-    os.replace(tmp, path)
-    return path
+    tree = junit_xml(records, verdicts)
+    return atomic_write(path, lambda tmp: tree.write(tmp, encoding="utf-8", xml_declaration=True))

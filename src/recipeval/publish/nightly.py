@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-EXIT_OK, EXIT_REGRESSED, EXIT_ERROR = 0, 1, 3
+from recipeval.exit_codes import EXIT_ERROR, EXIT_FAIL, EXIT_OK, FAILING_VERDICTS
 
 
 def snakemake_argv(profiles: list[str], cores: str | None, extra: list[str]) -> list[str]:
@@ -57,8 +57,11 @@ def run_cancellable(argv: list[str]) -> tuple[int, int | None]:
 
     def cancel(signum: int, frame: FrameType | None) -> None:
         if not stopped_by:
-            print(f"recipeval nightly: {signal.Signals(signum).name}: cancelling snakemake's jobs",
-                  file=sys.stderr, flush=True)
+            print(
+                f"recipeval nightly: {signal.Signals(signum).name}: cancelling snakemake's jobs",
+                file=sys.stderr,
+                flush=True,
+            )
         stopped_by.append(signum)
         for pgid in group:
             with contextlib.suppress(ProcessLookupError):
@@ -85,18 +88,23 @@ def nightly(profiles: list[str], cores: str | None, verdict_path: Path, extra: l
     started = time.time()
     returncode, stopped_by = run_cancellable(snakemake_argv(profiles, cores, extra))
     if stopped_by is not None:
-        print(f"recipeval nightly: stopped by {signal.Signals(stopped_by).name} (snakemake exit "
-              f"{returncode}); no verdict", file=sys.stderr)
+        print(
+            f"recipeval nightly: stopped by {signal.Signals(stopped_by).name} (snakemake exit "
+            f"{returncode}); no verdict",
+            file=sys.stderr,
+        )
         return 128 + stopped_by
     verdict = read_verdict(verdict_path, started)
     if verdict is None:
-        print(f"recipeval nightly: no fresh verdict at {verdict_path} (snakemake exit {returncode})",
-              file=sys.stderr)
+        print(
+            f"recipeval nightly: no fresh verdict at {verdict_path} (snakemake exit {returncode})",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
-    bad = [r for r in verdict["recipes"] if r["status"] in ("failed", "regressed")]
+    bad = [r for r in verdict["recipes"] if r["status"] in FAILING_VERDICTS]
     for rec in verdict["recipes"]:
         print(f"{rec['status']:9} {rec['recipe']}")
     if returncode != 0:
         print(f"recipeval nightly: snakemake exited {returncode}", file=sys.stderr)
         return EXIT_ERROR
-    return EXIT_REGRESSED if bad else EXIT_OK
+    return EXIT_FAIL if bad else EXIT_OK

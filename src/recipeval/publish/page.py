@@ -8,6 +8,7 @@ import html
 
 import pandas as pd
 
+from recipeval.exit_codes import FAILING_VERDICTS
 from recipeval.publish.compare import RecipeVerdict
 from recipeval.publish.figures import Figure
 from recipeval.publish.records import RunRecord
@@ -42,47 +43,69 @@ def _img(png: bytes, alt: str) -> str:
 def _changes_html(verdict: RecipeVerdict) -> str:
     lines = []
     for m in verdict.regressions + verdict.improvements:
-        lines.append(f"<li><b>{html.escape(m.kind)}</b> {html.escape(m.metric)}: "
-                     f"{m.value:.4g} vs {m.baseline:.4g} ({html.escape(m.reason)})</li>")
+        lines.append(
+            f"<li><b>{html.escape(m.kind)}</b> {html.escape(m.metric)}: "
+            f"{m.value:.4g} vs {m.baseline:.4g} ({html.escape(m.reason)})</li>"
+        )
     for failure in verdict.failures:
         lines.append(f"<li><b>failure</b> {html.escape(short(failure, 600))}</li>")
     out = f"<h3>{html.escape(verdict.recipe)}: {html.escape(verdict.status)}</h3><ul>{''.join(lines)}</ul>"
     if verdict.last_good_run is None:
         return out + "<p>No earlier good run to compare with.</p>"
     if not verdict.changes:
-        return out + (f"<p>Nothing differs from the last good run <code>{verdict.last_good_run}</code> "
-                      "in recipe, packages or provenance.</p>")
+        return out + (
+            f"<p>Nothing differs from the last good run <code>{verdict.last_good_run}</code> "
+            "in recipe, packages or provenance.</p>"
+        )
     rows = "".join(
         f"<tr><td>{html.escape(c.kind)}</td><td>{html.escape(str(c.key))}</td>"
         f"<td>{html.escape(str(c.before))}</td><td>{html.escape(str(c.after))}</td></tr>"
         for c in verdict.changes
     )
-    return out + (f"<p>What changed since the last good run <code>{verdict.last_good_run}</code>:</p>"
-                  f'<table class="changes"><tr><th>what</th><th>key</th><th>before</th><th>now</th></tr>'
-                  f"{rows}</table>")
+    return out + (
+        f"<p>What changed since the last good run <code>{verdict.last_good_run}</code>:</p>"
+        f'<table class="changes"><tr><th>what</th><th>key</th><th>before</th><th>now</th></tr>'
+        f"{rows}</table>"
+    )
 
 
 def _plots_html(figures: list[Figure]) -> str:
     if not figures:
         return "<p>No metrics to plot yet.</p>"
-    return '<div class="plots">' + "".join(
-        f"<figure>{_img(f.png, f.title)}<figcaption>{html.escape(f.title)}</figcaption></figure>"
-        for f in figures
-    ) + "</div>"
+    return (
+        '<div class="plots">'
+        + "".join(
+            f"<figure>{_img(f.png, f.title)}<figcaption>{html.escape(f.title)}</figcaption></figure>"
+            for f in figures
+        )
+        + "</div>"
+    )
 
 
 def render_page(
-    records: list[RunRecord], verdicts: dict[str, RecipeVerdict], table: pd.DataFrame,
-    generated: str, figures: list[Figure] | None,
+    records: list[RunRecord],
+    verdicts: dict[str, RecipeVerdict],
+    table: pd.DataFrame,
+    generated: str,
+    figures: list[Figure] | None,
 ) -> str:
     """`figures` None: plots left out on request (--no-plots)."""
     statuses = [v.status for v in verdicts.values()]
-    bad = sum(s in ("failed", "regressed") for s in statuses)
-    overall, cls = ("attention: " + ", ".join(
-        f"{statuses.count(s)} {s}" for s in ("failed", "regressed") if statuses.count(s)), "fail") \
-        if bad else ("all recipes ok", "pass")
+    bad = sum(s in FAILING_VERDICTS for s in statuses)
+    overall, cls = (
+        (
+            "attention: "
+            + ", ".join(f"{statuses.count(s)} {s}" for s in FAILING_VERDICTS if statuses.count(s)),
+            "fail",
+        )
+        if bad
+        else ("all recipes ok", "pass")
+    )
     notable = [v for v in verdicts.values() if v.status != "ok"]
-    changed = "".join(_changes_html(v) for v in notable) or "<p>No failures, regressions or improvements.</p>"
+    changed = (
+        "".join(_changes_html(v) for v in notable)
+        or "<p>No failures, regressions or improvements.</p>"
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>recipeval benchmarks</title>
 <style>{STYLE}</style></head><body>

@@ -22,7 +22,9 @@ def _png(fig: plt.Figure) -> bytes:
     return buf.getvalue()
 
 
-def history_plot(frame: pd.DataFrame, recipe: str, metric: str, verdict: RecipeVerdict | None) -> bytes:
+def history_plot(
+    frame: pd.DataFrame, recipe: str, metric: str, verdict: RecipeVerdict | None
+) -> bytes:
     """One metric of one recipe over its runs: value with interval, the last stable level, and
     the newest run marked by its verdict."""
     rows = frame[(frame["recipe"] == recipe) & (frame["metric"] == metric)].sort_values("date")
@@ -33,8 +35,15 @@ def history_plot(frame: pd.DataFrame, recipe: str, metric: str, verdict: RecipeV
     ax.plot(x, ok["value"], marker="o", ms=3, lw=1, color="#3b6ea5", label="run")
     has_iv = ok["low"].notna() & ok["high"].notna()
     if has_iv.any():
-        ax.fill_between(x[has_iv], ok["low"][has_iv], ok["high"][has_iv], color="#3b6ea5", alpha=0.15,
-                        lw=0, label="interval")
+        ax.fill_between(
+            x[has_iv],
+            ok["low"][has_iv],
+            ok["high"][has_iv],
+            color="#3b6ea5",
+            alpha=0.15,
+            lw=0,
+            label="interval",
+        )
     if len(bad):
         ax.scatter(bad["date"], bad["value"], marker="x", color="#999999", label="stage not passed")
     mv = next((m for m in verdict.metrics if m.metric == metric), None) if verdict else None
@@ -43,7 +52,14 @@ def history_plot(frame: pd.DataFrame, recipe: str, metric: str, verdict: RecipeV
     if mv is not None and len(rows):
         colour = {"regression": "#c0392b", "improvement": "#1e8449"}.get(mv.kind, "#3b6ea5")
         last = rows.iloc[-1]
-        ax.scatter([last["date"]], [last["value"]], s=60, color=colour, zorder=5, label=f"latest: {mv.kind}")
+        ax.scatter(
+            [last["date"]],
+            [last["value"]],
+            s=60,
+            color=colour,
+            zorder=5,
+            label=f"latest: {mv.kind}",
+        )
     ax.set_title(f"{recipe}\n{metric}", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))

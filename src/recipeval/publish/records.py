@@ -12,18 +12,17 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from recipeval.recipe import RecipeErrors, load_recipe
 from recipeval.recipe.schema import STAGES
 from recipeval.result import StageResult, read_result
 
 RECORD_SCHEMA = 1
 # Provenance fields "what changed" compares besides packages.
-PROVENANCE_FIELDS = ("trainer_revision", "launcher_revision", "host", "gpu", "python")
+PROVENANCE_FIELDS = ("launcher_revision", "host", "gpu", "python")
 # Keys of a metric's dict that hold its estimate and interval (analysis.steady_state's shape).
 _ESTIMATE, _LOW, _HIGH = "estimate", "low", "high"
 
 
-class StageOutcome(BaseModel):
+class StageSummary(BaseModel):
     status: str
     message: str = ""
     failed_checks: list[str] = Field(default_factory=list)
@@ -46,7 +45,7 @@ class RunRecord(BaseModel):
     gpus_per_node: int | None = None
     layout: str | None = None
     max_response_len: int | None = None
-    stages: dict[str, StageOutcome] = Field(default_factory=dict)
+    stages: dict[str, StageSummary] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)
     intervals: dict[str, tuple[float, float]] = Field(default_factory=dict)
     expect: dict[str, str] = Field(default_factory=dict, description="check id -> message")
@@ -63,27 +62,15 @@ class RunRecord(BaseModel):
         return any(o.status in ("fail", "error") for o in self.stages.values())
 
 
-def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested mappings -> {"a.b.c": leaf}; lists stay leaves."""
-    if not isinstance(data, dict):
-        return {prefix: data} if prefix else {}
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, name))
-        else:
-            out[name] = value
-    return out
-
-
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
 
 
-def summary_metrics(stage: str, summary: dict[str, Any]) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+def summary_metrics(
+    stage: str, summary: dict[str, Any]
+) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
     """Numeric leaves of a stage summary as `<stage>.<path>`; a dict with an `estimate` is one
     metric whose `low`/`high` become its interval."""
     metrics: dict[str, float] = {}
@@ -95,7 +82,12 @@ def summary_metrics(stage: str, summary: dict[str, Any]) -> tuple[dict[str, floa
             if est is not None:
                 metrics[path] = est
                 low, high = _number(node.get(_LOW)), _number(node.get(_HIGH))
-                if low is not None and high is not None and math.isfinite(low) and math.isfinite(high):
+                if (
+                    low is not None
+                    and high is not None
+                    and math.isfinite(low)
+                    and math.isfinite(high)
+                ):
                     intervals[path] = (low, high)
                 return
             for key, value in node.items():
@@ -109,37 +101,22 @@ def summary_metrics(stage: str, summary: dict[str, Any]) -> tuple[dict[str, floa
     return metrics, intervals
 
 
-def _recipe_facts(path: str | None, sha256: str) -> dict[str, Any]:
-    """Layout and sizes from the recipe file, when it still has the hash the results carry."""
-    if not path or not Path(path).is_file():
-        return {}
-    try:
-        loaded = load_recipe(path)
-    except RecipeErrors:
-        return {}
-    if loaded.sha256 != sha256:
-        return {}
-    recipe = loaded.recipe
-    par = recipe.parallel
-    stage_args = {**recipe.args, **recipe.stages.bench.args}
-    max_len = stage_args.get("rollout-max-response-len")
-    values = recipe.model_dump(mode="json", exclude={"extends", "description"})
-    return {
-        "platform": recipe.platform,
-        "gpu": recipe.cluster.gpu,
-        "nodes": recipe.cluster.nodes,
-        "gpus_per_node": recipe.cluster.gpus_per_node,
-        "layout": f"TP{par.tp}/PP{par.pp}/CP{par.cp}/EP{par.ep}/ETP{par.etp}",
-        "max_response_len": int(max_len) if isinstance(max_len, int | float) else None,
-        "recipe_values": flatten(values),
-    }
+def recipe_facts(results: list[StageResult]) -> dict[str, Any]:
+    """The recipe facts the stages recorded as they ran, in stage order, a later stage's
+    winning (the bench's response length is the one its step times were measured at)."""
+    facts: dict[str, Any] = {}
+    for res in results:
+        facts |= {k: v for k, v in res.recipe_facts.items() if k in RunRecord.model_fields}
+    return facts
 
 
 def _run_id(results: list[StageResult]) -> str:
     """Stable for the same set of results, so publishing twice never adds a second history
     entry for one run."""
-    key = [(r.stage, r.provenance.recipe_sha256, r.provenance.started, r.provenance.finished, r.status)
-           for r in results]
+    key = [
+        (r.stage, r.provenance.recipe_sha256, r.provenance.started, r.provenance.finished, r.status)
+        for r in results
+    ]
     return hashlib.sha256(json.dumps(sorted(key, key=str)).encode()).hexdigest()[:16]
 
 
@@ -151,16 +128,20 @@ def build_record(results: Iterable[StageResult]) -> RunRecord:
     first = ordered[0]
     metrics: dict[str, float] = {}
     intervals: dict[str, tuple[float, float]] = {}
-    stages: dict[str, StageOutcome] = {}
+    stages: dict[str, StageSummary] = {}
     packages: dict[str, str] = {}
     provenance: dict[str, str | None] = {}
     expect: dict[str, str] = {}
     for res in ordered:
         prov = res.provenance
-        stages[res.stage] = StageOutcome(
-            status=res.status, message=res.message,
-            failed_checks=[f"{c.id}: {c.message}" if c.message else c.id for c in res.failed_checks()],
-            started=prov.started, finished=prov.finished,
+        stages[res.stage] = StageSummary(
+            status=res.status,
+            message=res.message,
+            failed_checks=[
+                f"{c.id}: {c.message}" if c.message else c.id for c in res.failed_checks()
+            ],
+            started=prov.started,
+            finished=prov.finished,
         )
         m, iv = summary_metrics(res.stage, res.summary)
         metrics.update(m)
@@ -173,15 +154,20 @@ def build_record(results: Iterable[StageResult]) -> RunRecord:
             if "expect" in check.id:
                 expect[check.id] = "ok" if check.ok else (check.message or "outside the band")
     dates = [r.provenance.finished or r.provenance.started for r in ordered]
-    facts = _recipe_facts(first.provenance.recipe_path, first.provenance.recipe_sha256)
+    facts = recipe_facts(ordered)
     return RunRecord(
         run_id=_run_id(ordered),
         recipe=first.recipe,
         recipe_sha256=first.provenance.recipe_sha256,
         recipe_path=first.provenance.recipe_path,
         date=max((d for d in dates if d), default=None),
-        stages=stages, metrics=metrics, intervals=intervals, expect=expect,
-        packages=packages, provenance=provenance, **facts,
+        stages=stages,
+        metrics=metrics,
+        intervals=intervals,
+        expect=expect,
+        packages=packages,
+        provenance=provenance,
+        **facts,
     )
 
 
@@ -206,6 +192,9 @@ def _locate_artifacts(res: StageResult, folder: Path) -> StageResult:
     """A stage records its artifacts' paths as it saw them (relative to where it ran); one that
     does not resolve from here is taken from beside the result file, where stages write them,
     so publish works from any directory and on a copied results folder."""
-    found = {key: str(folder / Path(value).name) for key, value in res.artifacts.items()
-             if not Path(value).exists() and (folder / Path(value).name).is_file()}
+    found = {
+        key: str(folder / Path(value).name)
+        for key, value in res.artifacts.items()
+        if not Path(value).exists() and (folder / Path(value).name).is_file()
+    }
     return res.model_copy(update={"artifacts": {**res.artifacts, **found}}) if found else res

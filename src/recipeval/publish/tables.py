@@ -36,7 +36,9 @@ def short(text: str, limit: int = CELL_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
-def find_metric(record: RunRecord, endings: tuple[str, ...], stage: str | None = None) -> str | None:
+def find_metric(
+    record: RunRecord, endings: tuple[str, ...], stage: str | None = None
+) -> str | None:
     for ending in endings:
         for name in sorted(record.metrics):
             if (stage is None or name.startswith(stage + ".")) and name.endswith(ending):
@@ -65,8 +67,11 @@ def _history_text(verdict: RecipeVerdict | None) -> str:
         return ""
     if verdict.status == "failed":
         return "failed: " + ", ".join(f.split(":", 1)[0] for f in verdict.failures)
-    notes = [f"{m.kind} {m.metric.split('.', 1)[-1]} {m.rel_change:+.1%}"
-             for m in verdict.regressions + verdict.improvements if m.rel_change is not None]
+    notes = [
+        f"{m.kind} {m.metric.split('.', 1)[-1]} {m.rel_change:+.1%}"
+        for m in verdict.regressions + verdict.improvements
+        if m.rel_change is not None
+    ]
     if notes:
         return "; ".join(notes)
     if verdict.metrics and all(m.kind == "no_history" for m in verdict.metrics):
@@ -96,24 +101,36 @@ def _stage_text(record: RunRecord, stage: str) -> str:
 def table(records: list[RunRecord], verdicts: dict[str, RecipeVerdict]) -> pd.DataFrame:
     rows = []
     for rec in records:
-        gpus = (f"{rec.gpu} x {rec.nodes * rec.gpus_per_node}"
-                if rec.gpu and rec.nodes and rec.gpus_per_node else "CPU")
+        gpus = (
+            f"{rec.gpu} x {rec.nodes * rec.gpus_per_node}"
+            if rec.gpu and rec.nodes and rec.gpus_per_node
+            else "CPU"
+        )
         # Verdicts first, then results, then what identifies the run: a screen shows the
         # columns that matter before it needs a scroll.
-        row: dict[str, object] = {"recipe": rec.recipe, "vs history": _history_text(verdicts.get(rec.run_id)),
-                                  "vs expect": _expect_text(rec)}
+        row: dict[str, object] = {
+            "recipe": rec.recipe,
+            "vs history": _history_text(verdicts.get(rec.run_id)),
+            "vs expect": _expect_text(rec),
+        }
         for stage in STAGES:
             row[stage] = _stage_text(rec, stage)
         for column, endings in TIMING_COLUMNS.items():
             row[column] = _with_interval(rec, find_metric(rec, endings, "bench"))
         row["logprob diff"] = _with_interval(rec, find_metric(rec, LOGPROB_COLUMN, "logprob_diff"))
-        row.update({
-            "platform": rec.platform or "", "GPUs": gpus, "layout": rec.layout or "",
-            "max response len": rec.max_response_len or "",
-            "date": (rec.date or "")[:16].replace("T", " "),
-            "recipe sha256": rec.recipe_sha256[:12],
-            "packages": ", ".join(f"{p} {rec.packages[p]}" for p in PACKAGES_SHOWN if p in rec.packages),
-        })
+        row.update(
+            {
+                "platform": rec.platform or "",
+                "GPUs": gpus,
+                "layout": rec.layout or "",
+                "max response len": rec.max_response_len or "",
+                "date": (rec.date or "")[:16].replace("T", " "),
+                "recipe sha256": rec.recipe_sha256[:12],
+                "packages": ", ".join(
+                    f"{p} {rec.packages[p]}" for p in PACKAGES_SHOWN if p in rec.packages
+                ),
+            }
+        )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -126,7 +143,9 @@ def to_markdown(frame: pd.DataFrame) -> str:
     """A GitHub-flavoured table (pasteable into a PR or a release note)."""
     header = "| " + " | ".join(_md_cell(c) for c in frame.columns) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    body = [
+        "| " + " | ".join(_md_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)
+    ]
     return "\n".join([header, rule, *body]) + "\n"
 
 
@@ -151,9 +170,16 @@ WRAPPING = (*STAGES, "vs history", "vs expect", "packages")
 def _cell_class(column: str, text: str) -> str:
     classes = ["msg" if column in WRAPPING else "nowrap"]
     if column in STAGES or column in ("vs history", "vs expect"):
-        for word, cls in (("pass", "pass"), ("ok", "pass"), ("fail", "fail"), ("error", "fail"),
-                          ("regression", "fail"), ("skipped", "skip"), ("improvement", "better"),
-                          ("first run", "skip")):
+        for word, cls in (
+            ("pass", "pass"),
+            ("ok", "pass"),
+            ("fail", "fail"),
+            ("error", "fail"),
+            ("regression", "fail"),
+            ("skipped", "skip"),
+            ("improvement", "better"),
+            ("first run", "skip"),
+        ):
             if text.startswith(word):
                 classes.append(cls)
                 break

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from recipeval.errors import RecipeError
-from recipeval.recipe.schema import Recipe
+from recipeval.recipe.schema import STAGES, Recipe
 from recipeval.recipe.yamlfile import KeyPath, Origin, read_yaml_mapping
 
 # Flags that `render` derives from structured keys; setting them in `args` would let the two
@@ -43,7 +43,7 @@ DERIVED_FLAGS: dict[str, str] = {
 }
 
 
-class RecipeErrors(Exception):
+class InvalidRecipe(Exception):
     """One or more recipe errors; each renders as one line."""
 
     def __init__(self, errors: list[RecipeError]):
@@ -100,8 +100,11 @@ def recipe_sha256(recipe: Recipe) -> str:
 
 
 def deep_merge(
-    base: dict[str, Any], over: dict[str, Any], base_origins: dict[KeyPath, Origin],
-    over_origins: dict[KeyPath, Origin], path: KeyPath = (),
+    base: dict[str, Any],
+    over: dict[str, Any],
+    base_origins: dict[KeyPath, Origin],
+    over_origins: dict[KeyPath, Origin],
+    path: KeyPath = (),
 ) -> dict[str, Any]:
     """Merge `over` into `base`: mappings recursively, anything else (lists too) replaced."""
     out = dict(base)
@@ -163,7 +166,11 @@ def _describe(err: dict[str, Any], model_fields: list[str] | None) -> str:
         hint = ""
         if model_fields:
             close = difflib.get_close_matches(key, model_fields, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f"; allowed: {', '.join(model_fields)}"
+            hint = (
+                f" (did you mean {close[0]!r}?)"
+                if close
+                else f"; allowed: {', '.join(model_fields)}"
+            )
         return f"unknown key{hint}"
     if kind == "missing":
         return "required key is missing"
@@ -199,17 +206,14 @@ def _cross_checks(recipe: Recipe) -> list[tuple[str, str]]:
         )
     model = recipe.model
     if model.kv_heads is not None and model.attention_heads % model.kv_heads:
-        problems.append((
-            "model.kv_heads",
-            f"attention_heads ({model.attention_heads}) must be a multiple of kv_heads ({model.kv_heads})",
-        ))
-    bench = recipe.stages.bench
-    if bench.min_steps > bench.max_steps:
         problems.append(
-            ("stages.bench.min_steps", f"min_steps ({bench.min_steps}) exceeds max_steps ({bench.max_steps})")
+            (
+                "model.kv_heads",
+                f"attention_heads ({model.attention_heads}) must be a multiple of kv_heads ({model.kv_heads})",
+            )
         )
     arg_maps = [("args", recipe.args), ("model.args", recipe.model.args)]
-    for stage in ("env_check", "smoke", "logprob_diff", "bench"):
+    for stage in STAGES:
         options = getattr(recipe.stages, stage)
         arg_maps.append((f"stages.{stage}.args", options.args))
     for name, variant in recipe.stages.logprob_diff.variants.items():
@@ -220,18 +224,21 @@ def _cross_checks(recipe: Recipe) -> list[tuple[str, str]]:
                 problems.append((f"{where}.{flag}", "write flag names without the leading '--'"))
             elif flag in DERIVED_FLAGS:
                 problems.append(
-                    (f"{where}.{flag}", f"set {DERIVED_FLAGS[flag]} instead; render derives this flag")
+                    (
+                        f"{where}.{flag}",
+                        f"set {DERIVED_FLAGS[flag]} instead; render derives this flag",
+                    )
                 )
     return problems
 
 
 def load_recipe(path: str | Path) -> LoadedRecipe:
-    """Load, merge and validate a recipe file. Raises RecipeErrors (all problems found)."""
+    """Load, merge and validate a recipe file. Raises InvalidRecipe (all problems found)."""
     file = Path(path).absolute()
     try:
         data, origins, files = _read_chain(file, ())
     except RecipeError as err:
-        raise RecipeErrors([err]) from None
+        raise InvalidRecipe([err]) from None
     data.setdefault("name", file.stem.removesuffix(".recipe"))
     if isinstance(data.get("env"), dict):
         # `env: {NAME: null}` removes a variable a parent recipe set, as in stage overlays.
@@ -241,14 +248,21 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         probe = LoadedRecipe(recipe=None, path=file, files=files, origins=loaded_origins)  # type: ignore[arg-type]
-        raise RecipeErrors([
-            RecipeError(*probe.origin(loc)[:1], message, ".".join(map(str, loc)) or None, probe.origin(loc)[1])
-            for loc, message in _messages(exc)
-        ]) from None
+        raise InvalidRecipe(
+            [
+                RecipeError(
+                    *probe.origin(loc)[:1],
+                    message,
+                    ".".join(map(str, loc)) or None,
+                    probe.origin(loc)[1],
+                )
+                for loc, message in _messages(exc)
+            ]
+        ) from None
     loaded = LoadedRecipe(recipe=recipe, path=file, files=files, origins=loaded_origins)
     problems = _cross_checks(recipe)
     if problems:
-        raise RecipeErrors([loaded.error(key, msg) for key, msg in problems])
+        raise InvalidRecipe([loaded.error(key, msg) for key, msg in problems])
     return loaded
 
 
@@ -268,11 +282,15 @@ def _messages(exc: ValidationError) -> list[tuple[tuple[Any, ...], str]]:
             out.append((loc, _describe(errs[0], _fields_at(loc))))
             continue
         value = errs[0].get("input")
-        out.append((
-            loc,
-            ("expected a string, number, true/false, a list of scalars, or null"
-             f" (got {type(value).__name__} {value!r})"),
-        ))
+        out.append(
+            (
+                loc,
+                (
+                    "expected a string, number, true/false, a list of scalars, or null"
+                    f" (got {type(value).__name__} {value!r})"
+                ),
+            )
+        )
     return out
 
 

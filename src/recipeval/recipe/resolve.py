@@ -37,9 +37,13 @@ def _apply(args: dict[str, Any], env: dict[str, str], overlay: Overlay) -> None:
             env[key] = value
 
 
+def flag_present(value: Any) -> bool:
+    """A flag set to false or null is not on the command line; anything else is."""
+    return value is not None and value is not False
+
+
 def active_args(args: ArgMap) -> dict[str, Any]:
-    """Drop flags set to false or null: they mean 'not on the command line'."""
-    return {k: v for k, v in args.items() if v is not None and v is not False}
+    return {k: v for k, v in args.items() if flag_present(v)}
 
 
 def resolve(recipe: Recipe, stage: str | None = None, variant: str | None = None) -> Resolved:
@@ -55,6 +59,8 @@ def resolve(recipe: Recipe, stage: str | None = None, variant: str | None = None
     if variant is not None:
         variants = recipe.stages.logprob_diff.variants
         if variant not in variants:
-            raise KeyError(f"unknown variant {variant!r}; recipe has: {', '.join(variants) or 'none'}")
+            raise KeyError(
+                f"unknown variant {variant!r}; recipe has: {', '.join(variants) or 'none'}"
+            )
         _apply(args, env, variants[variant])
     return Resolved(recipe, stage, variant, active_args(args), env, options)

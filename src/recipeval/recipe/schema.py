@@ -4,7 +4,7 @@ and for the exported JSON Schema."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self, get_args
 
 from pydantic import (
     BaseModel,
@@ -13,10 +13,35 @@ from pydantic import (
     Field,
     NonNegativeInt,
     PositiveInt,
+    ValidationError,
+    model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
-STAGES = ("env_check", "smoke", "logprob_diff", "bench")
+# The stages, in pipeline order: the one list every other module (and the Snakefile) reads.
 Stage = Literal["env_check", "smoke", "logprob_diff", "bench"]
+STAGES: tuple[str, ...] = get_args(Stage)
+
+# Statistics stages.logprob_diff.thresholds may put a limit on (analysis.logprob computes them;
+# tests/test_recipe_cli.py keeps the two lists equal), and the key that sets the |d| cutoff.
+LOGPROB_STATISTICS = (
+    "first_rollout_abs_mean_diff",
+    "frac_above_cutoff",
+    "k3_kl",
+    "max_abs_diff",
+    "mean_abs_diff",
+    "mean_diff",
+    "p50_abs_diff",
+    "p99_abs_diff",
+    "position_spearman",
+    "prob_abs_diff_mean",
+    "token_mean_abs_diff",
+    "token_mult_prob_error",
+    "rollout_growth",
+)
+ABS_DIFF_CUTOFF = "abs_diff_cutoff"
+# analysis.steady_state needs three steady steps for an interval with a spread.
+MIN_STEADY_STEPS = 3
 
 Scalar = str | int | float | bool
 # A flag value: scalar, list of scalars (repeated words), or null/false to drop the flag.
@@ -41,7 +66,7 @@ def _duration_seconds(value: Any) -> Any:
 def _env_value(value: Any) -> Any:
     if isinstance(value, bool):
         raise ValueError(  # noqa: TRY004 - see _duration_seconds
-            "environment values are strings; quote YAML booleans (write \"true\", not true) "
+            'environment values are strings; quote YAML booleans (write "true", not true) '
             "so the value the program reads is unambiguous"
         )
     if isinstance(value, int | float):
@@ -53,7 +78,6 @@ Duration = Annotated[float, BeforeValidator(_duration_seconds), Field(gt=0)]
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
 EnvMap = dict[str, EnvValue]
 ArgMap = dict[str, ArgValue]
-Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
 class Strict(BaseModel):
@@ -100,6 +124,15 @@ class Parallel(Strict):
     ep: PositiveInt = 1
     etp: PositiveInt = 1
 
+    @property
+    def model_parallel_size(self) -> int:
+        """GPUs one model replica spans (TP x PP x CP); the world divides into DP of these."""
+        return self.tp * self.pp * self.cp
+
+    @property
+    def layout(self) -> str:
+        return f"TP{self.tp}/PP{self.pp}/CP{self.cp}/EP{self.ep}/ETP{self.etp}"
+
 
 class Overlay(Strict):
     """Changes to args and env; null (or false for a flag) removes an inherited entry."""
@@ -134,7 +167,7 @@ class BenchStage(StageOptions):
     metrics: list[str] = Field(
         default_factory=lambda: ["perf/rollout_time", "perf/actor_train_time", "cycle_time"]
     )
-    min_steps: PositiveInt = 5
+    min_steps: Annotated[int, Field(ge=MIN_STEADY_STEPS)] = 5
     max_steps: PositiveInt = 20
     rel_ci: Annotated[float, Field(gt=0, lt=1)] = 0.03
     on_max_steps: Literal["fail", "warn"] = "warn"
@@ -209,3 +242,61 @@ class Recipe(Strict):
     @property
     def world_size(self) -> int:
         return self.cluster.nodes * max(self.cluster.gpus_per_node, 1)
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> Self:
+        """Rules between keys that a stage would otherwise refuse only when it runs; each
+        error names the key to fix, so `recipeval validate` reports it with file and line."""
+        problems = cross_field_problems(self)
+        if problems:
+            raise ValidationError.from_exception_data(
+                type(self).__name__,
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError("cross_field", message), loc=loc, input=value
+                    )
+                    for loc, message, value in problems
+                ],
+            )
+        return self
+
+
+def cross_field_problems(recipe: Recipe) -> list[tuple[tuple[str, ...], str, Any]]:
+    """(key path, message, offending value) for each rule between keys the recipe breaks."""
+    from recipeval.recipe.resolve import resolve
+
+    problems: list[tuple[tuple[str, ...], str, Any]] = []
+    bench = recipe.stages.bench
+    if bench.max_steps < bench.min_steps:
+        problems.append(
+            (
+                ("stages", "bench", "max_steps"),
+                f"max_steps must be at least min_steps ({bench.min_steps})",
+                bench.max_steps,
+            )
+        )
+    rollouts = resolve(recipe, "smoke").arg("num-rollout")
+    if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < 1:
+        problems.append(
+            (
+                ("stages", "smoke", "args", "num-rollout"),
+                (
+                    "the smoke stage needs a positive integer num-rollout (set it in the "
+                    "smoke overlay)"
+                ),
+                rollouts,
+            )
+        )
+    for name in recipe.stages.logprob_diff.thresholds:
+        if name not in (*LOGPROB_STATISTICS, ABS_DIFF_CUTOFF):
+            problems.append(
+                (
+                    ("stages", "logprob_diff", "thresholds", name),
+                    (
+                        f"{name!r} is no logprob statistic; use one of: "
+                        f"{', '.join(sorted(LOGPROB_STATISTICS))} (or {ABS_DIFF_CUTOFF})"
+                    ),
+                    name,
+                )
+            )
+    return problems

@@ -23,7 +23,11 @@ def _scalar(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
 
 
 def _to_data(
-    loader: yaml.SafeLoader, node: yaml.Node, path: KeyPath, file: Path, origins: dict[KeyPath, Origin]
+    loader: yaml.SafeLoader,
+    node: yaml.Node,
+    path: KeyPath,
+    file: Path,
+    origins: dict[KeyPath, Origin],
 ) -> Any:
     origins[path] = (file, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
@@ -35,8 +39,10 @@ def _to_data(
                 key = str(key)
             if key in out:
                 raise RecipeError(
-                    file, "duplicate key (YAML would silently keep the last one)",
-                    ".".join(map(str, path + (key,))), key_node.start_mark.line + 1,
+                    file,
+                    "duplicate key (YAML would silently keep the last one)",
+                    ".".join(map(str, path + (key,))),
+                    key_node.start_mark.line + 1,
                 )
             out[key] = _to_data(loader, value_node, path + (key,), file, origins)
             origins[path + (key,)] = (file, key_node.start_mark.line + 1)
@@ -63,11 +69,15 @@ def read_yaml_mapping(file: Path) -> tuple[dict[str, Any], dict[KeyPath, Origin]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise RecipeError(file, f"not UTF-8 text (byte {err.start}), expected a YAML recipe") from None
+        raise RecipeError(
+            file, f"not UTF-8 text (byte {err.start}), expected a YAML recipe"
+        ) from None
     if not text.strip() or all(
         not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()
     ):
-        raise RecipeError(file, "empty file, expected a YAML mapping with at least `name` or `extends`")
+        raise RecipeError(
+            file, "empty file, expected a YAML mapping with at least `name` or `extends`"
+        )
     loader = yaml.SafeLoader(text)
     origins: dict[KeyPath, Origin] = {}
     try:
@@ -76,8 +86,12 @@ def read_yaml_mapping(file: Path) -> tuple[dict[str, Any], dict[KeyPath, Origin]
             raise RecipeError(file, "empty document, expected a YAML mapping")
         if not isinstance(node, yaml.MappingNode):
             kind = "a list" if isinstance(node, yaml.SequenceNode) else "a single value"
-            raise RecipeError(file, f"top level is {kind}, expected a mapping of recipe keys", None,
-                              node.start_mark.line + 1)
+            raise RecipeError(
+                file,
+                f"top level is {kind}, expected a mapping of recipe keys",
+                None,
+                node.start_mark.line + 1,
+            )
         data = _to_data(loader, node, (), file, origins)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark

@@ -134,8 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--rollout-max-response-len", type=_positive_int, default=16)
     flag("--rollout-temperature", type=float, default=1.0)
     flag("--rollout-top-p", type=float, default=1.0)
-    flag("--rollout-ignore-eos", nargs="?", const=True, default=False, type=_bool_word,
-         help="always sample rollout-max-response-len tokens (benchmarks)")
+    flag(
+        "--rollout-ignore-eos",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_bool_word,
+        help="always sample rollout-max-response-len tokens (benchmarks)",
+    )
     flag("--eps-clip", type=float, default=0.2)
     flag("--eps-clip-high", type=float)
     flag("--kl-loss-coef", type=float, default=0.0)
@@ -145,8 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--adam-beta2", type=float, default=0.98)
     flag("--clip-grad", type=float, default=1.0)
     flag("--micro-batch-size", type=int, default=0, help="samples per forward; 0 = all")
-    flag("--recompute-activations", nargs="?", const=True, default=False, type=_bool_word,
-         help="gradient checkpointing in the trainer")
+    flag(
+        "--recompute-activations",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_bool_word,
+        help="gradient checkpointing in the trainer",
+    )
     flag("--seed", type=int, default=1234)
     flag("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     flag("--rollout-dtype", choices=DTYPES, default="float32")
@@ -154,24 +166,53 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--attn-implementation", choices=ATTENTION, default="sdpa")
     flag("--rollout-attn-implementation", choices=ATTENTION)
     flag("--train-attn-implementation", choices=ATTENTION)
-    flag("--rollout-cuda-graph", nargs="?", const=True, default=False, type=_bool_word,
-         help="replay each decode step as one CUDA graph (CUDA only)")
-    flag("--rollout-compile", nargs="?", const=True, default=False, type=_bool_word,
-         help="torch.compile the decode step")
-    flag("--skip-weight-sync", nargs="?", const=True, default=False, type=_bool_word,
-         help="planted fault: never push trained weights to the rollout worker")
+    flag(
+        "--rollout-cuda-graph",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_bool_word,
+        help="replay each decode step as one CUDA graph (CUDA only)",
+    )
+    flag(
+        "--rollout-compile",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_bool_word,
+        help="torch.compile the decode step",
+    )
+    flag(
+        "--skip-weight-sync",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_bool_word,
+        help="planted fault: never push trained weights to the rollout worker",
+    )
     flag("--dump-logprobs", type=Path, help="write per-token logprobs to this Parquet file")
-    flag("--score-tokens", type=Path,
-         help="score the responses of this --dump-logprobs file instead of sampling (same seed "
-              "and batch shape as the run that wrote it)")
+    flag(
+        "--score-tokens",
+        type=Path,
+        help="score the responses of this --dump-logprobs file instead of sampling (same seed "
+        "and batch shape as the run that wrote it)",
+    )
     flag("--cache-dir", type=Path, default=None, help="warm-start cache folder")
     flag("--warm-start-steps", type=int, default=300)
     flag("--warm-start-lr", type=float, default=3e-3)
     flag("--warm-start-batch-size", type=_positive_int, default=64)
-    flag("--cpu-threads", type=int, default=1,
-         help="torch intra-op threads (0 = torch's default); small CPU decodes run best on 1")
-    flag("--ray", choices=("auto", "on", "off"), default="auto",
-         help="auto: Ray actors when running inside a Ray job")
+    flag(
+        "--cpu-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (0 = torch's default); small CPU decodes run best on 1",
+    )
+    flag(
+        "--ray",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="auto: Ray actors when running inside a Ray job",
+    )
     return p
 
 
@@ -263,9 +304,7 @@ def check(config: EngineConfig) -> None:
     if not 0 < config.rollout_top_p <= 1:
         raise ConfigError(f"--rollout-top-p must be in (0, 1], got {config.rollout_top_p}")
     if config.rollout_temperature <= 0:
-        raise ConfigError(
-            f"--rollout-temperature must be > 0, got {config.rollout_temperature}"
-        )
+        raise ConfigError(f"--rollout-temperature must be > 0, got {config.rollout_temperature}")
     if config.micro_batch_size < 0:
         raise ConfigError(f"--micro-batch-size must be >= 0, got {config.micro_batch_size}")
     if config.warm_start_steps < 0:

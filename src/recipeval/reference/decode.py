@@ -79,7 +79,9 @@ class StaticCacheDecoder:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._initialised = False
 
-    def _step(self, tokens: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(
+        self, tokens: torch.Tensor, position: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return sample_tokens(self._step_logits(tokens, position), self.temperature, self.top_p)
 
     def _step_logits(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -190,7 +192,9 @@ class StaticCacheDecoder:
         run's own tokens re-scored to bitwise the sampled logprobs)."""
         self._ready(prompt_ids)
         if response_ids.shape[0] != self.batch_size or response_ids.shape[1] > self.max_new:
-            raise ValueError(f"expected at most {self.max_new} response tokens for {self.batch_size} samples")
+            raise ValueError(
+                f"expected at most {self.max_new} response tokens for {self.batch_size} samples"
+            )
         given = response_ids.to(self.device)
         logprobs = torch.zeros(given.shape, dtype=torch.float32, device=self.device)
         logits = self._prefill_logits(prompt_ids.to(self.device))

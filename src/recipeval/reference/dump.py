@@ -12,15 +12,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCHEMA = pa.schema([
-    ("rollout_id", pa.int32()),
-    ("sample", pa.int32()),
-    ("position", pa.int32()),
-    ("token_id", pa.int32()),
-    ("logp_rollout", pa.float32()),
-    ("logp_train", pa.float32()),
-    ("loss_mask", pa.int8()),
-])
+SCHEMA = pa.schema(
+    [
+        ("rollout_id", pa.int32()),
+        ("sample", pa.int32()),
+        ("position", pa.int32()),
+        ("token_id", pa.int32()),
+        ("logp_rollout", pa.float32()),
+        ("logp_train", pa.float32()),
+        ("loss_mask", pa.int8()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -38,9 +40,13 @@ class DumpError(ValueError):
 def read_responses(path: Path, samples: int) -> dict[int, Responses]:
     """rollout id -> its responses, from a dump of a run with `samples` samples per rollout."""
     try:
-        table = pq.read_table(path, columns=["rollout_id", "sample", "position", "token_id", "loss_mask"])
+        table = pq.read_table(
+            path, columns=["rollout_id", "sample", "position", "token_id", "loss_mask"]
+        )
     except (OSError, pa.ArrowInvalid, KeyError) as err:
-        raise DumpError(f"{path}: not a readable logprob dump ({str(err).splitlines()[0]})") from None
+        raise DumpError(
+            f"{path}: not a readable logprob dump ({str(err).splitlines()[0]})"
+        ) from None
     frame = table.to_pandas().sort_values(["rollout_id", "sample", "position"])
     rollouts: dict[int, Responses] = {}
     for rollout_id, part in frame.groupby("rollout_id", sort=True):

@@ -75,7 +75,9 @@ class RayWorkers:
         self._started = not ray.is_initialized()
         if self._started:
             ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=True)
-        gpus = 0.0 if resolve_device(config).type == "cpu" else (1.0 if config.num_gpus >= 2 else 0.5)
+        gpus = (
+            0.0 if resolve_device(config).type == "cpu" else (1.0 if config.num_gpus >= 2 else 0.5)
+        )
         state_ref = ray.put(state)
         rollout_cls = ray.remote(num_cpus=1, num_gpus=gpus)(RolloutWorker)
         trainer_cls = ray.remote(num_cpus=1, num_gpus=gpus)(Trainer)
@@ -100,8 +102,10 @@ class RayWorkers:
         # flight when the driver exits (ray-project/ray#31931): the last rollout's log lines,
         # which the stages count. Flush the actors, then give the log monitor time to deliver.
         try:
-            self._ray.get([a.__ray_call__.remote(_flush_std_streams) for a in (self.rollout, self.trainer)],
-                          timeout=30)
+            self._ray.get(
+                [a.__ray_call__.remote(_flush_std_streams) for a in (self.rollout, self.trainer)],
+                timeout=30,
+            )
             time.sleep(LOG_DRAIN_S)
         except Exception as exc:  # noqa: BLE001 - a dead actor has nothing left to deliver
             logger.debug(f"flushing the actors' output: {exc!r}")
@@ -145,7 +149,9 @@ def run(config: EngineConfig) -> list[dict[str, Any]]:
     configure_logging()
     limit_cpu_threads(config)
     device = resolve_device(config)
-    logger.info(f"reference engine: device {device}, ray {use_ray(config)}, config {config.to_dict()}")
+    logger.info(
+        f"reference engine: device {device}, ray {use_ray(config)}, config {config.to_dict()}"
+    )
     given = read_given(config)
     state = initial_state(config, device)
     workers: Workers = RayWorkers(config, state) if use_ray(config) else LocalWorkers(config, state)
@@ -167,8 +173,14 @@ def run(config: EngineConfig) -> list[dict[str, Any]]:
             if not config.skip_weight_sync:
                 workers.sync_weights()
             perf = workers.log_perf(rollout_id, time.perf_counter() - sync_start)
-            history.append({**result.rollout_metrics, **result.step_metrics, **perf,
-                            "perf/rollout_time": batch.rollout_time})
+            history.append(
+                {
+                    **result.rollout_metrics,
+                    **result.step_metrics,
+                    **perf,
+                    "perf/rollout_time": batch.rollout_time,
+                }
+            )
     finally:
         if dump is not None:
             dump.close()

@@ -55,7 +55,9 @@ def parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def cast_weights(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+def cast_weights(
+    model: torch.nn.Module, device: torch.device, dtype: torch.dtype
+) -> torch.nn.Module:
     """Move to `device` and cast the weights to `dtype`, keeping buffers (RoPE's inverse
     frequencies) in float32: in bfloat16 they are off by ~0.4 %, a phase error of tens of
     radians by position 8k, which inference engines avoid by computing RoPE in float32."""

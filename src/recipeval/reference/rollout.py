@@ -76,7 +76,9 @@ class RolloutWorker:
             generation = self.decoder.generate(prompt_ids)
         else:
             tokens, mask = torch.from_numpy(given.token_ids), torch.from_numpy(given.loss_mask)
-            generation = Generation(tokens, self.decoder.score(prompt_ids, tokens).cpu() * mask, mask)
+            generation = Generation(
+                tokens, self.decoder.score(prompt_ids, tokens).cpu() * mask, mask
+            )
         # .to(cpu) then clone: plain tensors (not inference-mode ones) that autograd may use.
         response_ids = generation.tokens.cpu().clone()
         rewards = torch.tensor(
@@ -86,13 +88,19 @@ class RolloutWorker:
         mask = generation.mask.cpu().clone()
         lengths = mask.sum(dim=-1)
         devices = max(config.num_gpus, 1) if self.device.type == "cuda" else 1
-        logger.info(metrics_message("perf", rollout_id, {
-            "perf/rollout_time": rollout_time,
-            "perf/tokens_per_gpu_per_sec": lengths.sum().item() / rollout_time / devices,
-            "perf/longest_sample_tokens_per_sec": lengths.max().item() / rollout_time,
-            "rollout/response_len/mean": lengths.mean().item(),
-            "rollout/response_len/max": lengths.max().item(),
-        }))
+        logger.info(
+            metrics_message(
+                "perf",
+                rollout_id,
+                {
+                    "perf/rollout_time": rollout_time,
+                    "perf/tokens_per_gpu_per_sec": lengths.sum().item() / rollout_time / devices,
+                    "perf/longest_sample_tokens_per_sec": lengths.max().item() / rollout_time,
+                    "rollout/response_len/mean": lengths.mean().item(),
+                    "rollout/response_len/max": lengths.max().item(),
+                },
+            )
+        )
         return RolloutBatch(
             rollout_id=rollout_id,
             prompt_ids=prompt_ids,

@@ -74,7 +74,9 @@ class Trainer:
         for start in range(0, n, size):
             yield slice(start, min(start + size, n))
 
-    def _logprobs(self, model: torch.nn.Module, sequences: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
+    def _logprobs(
+        self, model: torch.nn.Module, sequences: torch.Tensor, responses: torch.Tensor
+    ) -> torch.Tensor:
         """logp of each response token from one full forward over prompt + response."""
         length = responses.shape[1]
         with self._autocast():
@@ -110,16 +112,27 @@ class Trainer:
         log_probs_time = time.perf_counter() - log_probs_start
         ref_logp = self.recompute(batch, self.reference).to(self.device) if self.reference else None
 
-        advantages = grpo.group_advantages(batch.rewards, config.n_samples_per_prompt).to(self.device)
+        advantages = grpo.group_advantages(batch.rewards, config.n_samples_per_prompt).to(
+            self.device
+        )
         sequences, responses = self._inputs(batch)
         actor_start = time.perf_counter()
-        sums = {"loss": 0.0, "pg_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, "kl_loss": 0.0, "entropy": 0.0}
+        sums = {
+            "loss": 0.0,
+            "pg_loss": 0.0,
+            "pg_clipfrac": 0.0,
+            "ppo_kl": 0.0,
+            "kl_loss": 0.0,
+            "entropy": 0.0,
+        }
         self.optimizer.zero_grad(set_to_none=True)
         for part in self._micro_batches(n):
             m = mask[part]
             length = responses.shape[1]
             with self._autocast():
-                logits = self.model(input_ids=sequences[part], logits_to_keep=length + 1).logits[:, :-1]
+                logits = self.model(input_ids=sequences[part], logits_to_keep=length + 1).logits[
+                    :, :-1
+                ]
             scaled = logits.float() / config.rollout_temperature
             log_dist = torch.log_softmax(scaled, dim=-1)
             logp = log_dist.gather(-1, responses[part].unsqueeze(-1)).squeeze(-1)

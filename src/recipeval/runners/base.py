@@ -124,7 +124,6 @@ class Terminated(SystemExit):
 
     def __init__(self, signum: int) -> None:
         super().__init__(128 + signum)
-        self.signal_name = signal.Signals(signum).name
 
 
 @contextmanager

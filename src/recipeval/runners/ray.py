@@ -59,8 +59,12 @@ class RayRunner(Runner):
     def describe(self) -> dict[str, object]:
         own = self._private_head or self._shared_head
         head = "private" if self._private_head else "shared" if self._shared_head else "external"
-        return {"runner": self.name, "address": self.address, "head": head,
-                "ray_temp_dir": own.temp_dir if own else None}
+        return {
+            "runner": self.name,
+            "address": self.address,
+            "head": head,
+            "ray_temp_dir": own.temp_dir if own else None,
+        }
 
     def close(self) -> None:
         if self._private_head is not None:
@@ -178,7 +182,7 @@ def _catch_up(client, job_id: str, lines: LineBuffer) -> None:
     all_lines = stored.split("\n")
     if all_lines and all_lines[-1] == "":
         all_lines.pop()
-    for line in all_lines[lines.emitted:]:
+    for line in all_lines[lines.emitted :]:
         lines.emit(line)
 
 

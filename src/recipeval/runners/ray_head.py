@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psutil
 
+from recipeval.atomic import atomic_write_text
 from recipeval.runners.base import RunnerError
 
 STATE_DIR_ENV = "RECIPEVAL_RAY_STATE_DIR"
@@ -66,7 +67,9 @@ def ray_executable() -> str:
     beside = Path(sys.executable).parent / "ray"
     found = str(beside) if beside.exists() else shutil.which("ray")
     if not found:
-        raise RunnerError("the `ray` command is not installed; install ray[default] or use --runner local")
+        raise RunnerError(
+            "the `ray` command is not installed; install ray[default] or use --runner local"
+        )
     return found
 
 
@@ -101,9 +104,16 @@ def start_head(
     temp_dir = tempfile.mkdtemp(prefix="rv-ray-")
     gcs_port, dash_port = free_port(host), free_port(host)
     cmd = [
-        ray_executable(), "start", "--head", "--block", "--disable-usage-stats",
-        f"--node-ip-address={host}", f"--port={gcs_port}",
-        "--include-dashboard=true", f"--dashboard-host={host}", f"--dashboard-port={dash_port}",
+        ray_executable(),
+        "start",
+        "--head",
+        "--block",
+        "--disable-usage-stats",
+        f"--node-ip-address={host}",
+        f"--port={gcs_port}",
+        "--include-dashboard=true",
+        f"--dashboard-host={host}",
+        f"--dashboard-port={dash_port}",
         f"--dashboard-agent-listen-port={free_port(host)}",
         f"--ray-client-server-port={free_port(host)}",
         f"--temp-dir={temp_dir}",
@@ -117,8 +127,12 @@ def start_head(
     log = state_dir / f"ray-head-{os.getpid()}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     state = HeadState(
         pid=proc.pid,
@@ -193,9 +207,7 @@ def read_state(state_dir: Path) -> HeadState | None:
 
 
 def _write_state(state_dir: Path, state: HeadState) -> None:
-    tmp = state_dir / f".{STATE_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(asdict(state), indent=2))
-    os.replace(tmp, state_dir / STATE_FILE)
+    atomic_write_text(state_dir / STATE_FILE, json.dumps(asdict(state), indent=2))
 
 
 def shared_head(state_dir: Path) -> HeadState:

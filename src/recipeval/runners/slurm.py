@@ -92,17 +92,33 @@ class SlurmRunner(RayRunner):
         )
         for node in self.nodes[1:]:
             cmd = [
-                "srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap",
-                ray_head.ray_executable(), "start", "--block", "--disable-usage-stats",
-                f"--address={self._head.gcs}", f"--num-gpus={self.gpus}", f"--node-name={node}",
+                "srun",
+                "--nodes=1",
+                "--ntasks=1",
+                f"--nodelist={node}",
+                "--overlap",
+                ray_head.ray_executable(),
+                "start",
+                "--block",
+                "--disable-usage-stats",
+                f"--address={self._head.gcs}",
+                f"--num-gpus={self.gpus}",
+                f"--node-name={node}",
             ]
             log = open(state_dir / f"ray-worker-{node}.log", "wb")  # noqa: SIM115 - lives with the worker
             self.workers.append(
-                subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                subprocess.Popen(
+                    cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                )
             )
             log.close()
-        wait_for_nodes(self._head.dashboard, self.nodes, self.gpus * len(self.nodes), join_timeout,
-                       self._exited)
+        wait_for_nodes(
+            self._head.dashboard,
+            self.nodes,
+            self.gpus * len(self.nodes),
+            join_timeout,
+            self._exited,
+        )
 
     def _exited(self) -> str | None:
         """What of the cluster being started has already died, if anything."""
@@ -140,7 +156,10 @@ class SlurmRunner(RayRunner):
 
 
 def wait_for_nodes(
-    dashboard: str, nodes: list[str], gpus: int, timeout: float,
+    dashboard: str,
+    nodes: list[str],
+    gpus: int,
+    timeout: float,
     exited: Callable[[], str | None] = lambda: None,
 ) -> None:
     """Block until every node is ALIVE in Ray and the GPU total is reached; else name what is

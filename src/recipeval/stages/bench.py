@@ -27,23 +27,22 @@ from recipeval.analysis.steady_state import (
     StopDecision,
     StoppingRule,
     decide,
+    is_precise,
     steady_state,
 )
 from recipeval.engines.miles.logparse import CYCLE_TIME, ROLLOUT_ID
 from recipeval.recipe.schema import BenchStage
-from recipeval.result import Check, StageResult, now_iso
+from recipeval.result import Check
 from recipeval.stages.common import (
     Judgement,
-    RunOutcome,
     StageRequest,
+    StageRun,
     execute,
-    finish,
-    gate_block,
     resolve_and_render,
     run_failure,
     run_summary,
-    skipped,
 )
+from recipeval.stages.driver import Stage, Verdict
 
 STAGE = "bench"
 TOKENS_PER_GPU = "perf/tokens_per_gpu_per_sec"
@@ -52,8 +51,9 @@ _HIGHER_IS_BETTER = ("per_sec", "per_s", "tflops", "throughput")
 
 
 def stopping_rule(options: BenchStage) -> StoppingRule:
-    return StoppingRule(rel_ci=options.rel_ci, min_steps=options.min_steps,
-                        max_steps=options.max_steps)
+    return StoppingRule(
+        rel_ci=options.rel_ci, min_steps=options.min_steps, max_steps=options.max_steps
+    )
 
 
 def complete_rows(steps: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
@@ -105,21 +105,29 @@ def _fmt(value: float) -> str:
 
 def precision_check(est: SteadyEstimate, rule: StoppingRule, on_max_steps: str) -> Check:
     iv = est.interval
-    ok = est.used >= rule.min_steps and iv.rel_width <= rule.rel_ci
+    ok = is_precise(est, rule)
     odd = f", {len(est.odd)} odd step(s) left out" if est.odd else ""
-    where = (f"{_fmt(iv.estimate)} [{_fmt(iv.low)}, {_fmt(iv.high)}] over {est.used} steady "
-             f"steps after {est.warmup} warm-up{odd}")
+    where = (
+        f"{_fmt(iv.estimate)} [{_fmt(iv.low)}, {_fmt(iv.high)}] over {est.used} steady "
+        f"steps after {est.warmup} warm-up{odd}"
+    )
     if ok:
         message = f"{where}: interval {iv.rel_width:.2%} of the value (limit {rule.rel_ci:.2%})"
     elif est.used < rule.min_steps:
         message = f"{where}: fewer than min_steps {rule.min_steps} steady steps"
     else:
-        message = (f"{where}: interval still {iv.rel_width:.2%} of the value, wider than "
-                   f"rel_ci {rule.rel_ci:.2%}")
+        message = (
+            f"{where}: interval still {iv.rel_width:.2%} of the value, wider than "
+            f"rel_ci {rule.rel_ci:.2%}"
+        )
     return Check(
-        id=f"precision:{est.metric}", ok=ok, severity="error" if on_max_steps == "fail" else "warning",
-        value=None if math.isinf(iv.rel_width) else iv.rel_width, threshold=rule.rel_ci,
-        key="stages.bench.rel_ci", message=message,
+        id=f"precision:{est.metric}",
+        ok=ok,
+        severity="error" if on_max_steps == "fail" else "warning",
+        value=None if math.isinf(iv.rel_width) else iv.rel_width,
+        threshold=rule.rel_ci,
+        key="stages.bench.rel_ci",
+        message=message,
     )
 
 
@@ -133,15 +141,23 @@ def expect_check(est: SteadyEstimate, key: str, expected: float, tolerance: floa
         how = f"within {tolerance:.0%} of expected {_fmt(expected)}"
         severity = "error"
     elif better:
-        how = (f"{off:.1%} better than expected {_fmt(expected)} (tolerance {tolerance:.0%}): "
-               f"update expect.bench.{key} if this is real, or check the run did the same work")
+        how = (
+            f"{off:.1%} better than expected {_fmt(expected)} (tolerance {tolerance:.0%}): "
+            f"update expect.bench.{key} if this is real, or check the run did the same work"
+        )
         severity = "warning"
     else:
         how = f"{off:.1%} worse than expected {_fmt(expected)} (tolerance {tolerance:.0%})"
         severity = "error"
-    return Check(id=f"expect:{est.metric}", ok=ok, severity=severity, value=value,
-                 threshold=expected, key=f"expect.bench.{key}",
-                 message=f"{est.metric} = {_fmt(value)}: {how}")
+    return Check(
+        id=f"expect:{est.metric}",
+        ok=ok,
+        severity=severity,
+        value=value,
+        threshold=expected,
+        key=f"expect.bench.{key}",
+        message=f"{est.metric} = {_fmt(value)}: {how}",
+    )
 
 
 def _metric_for(key: str, columns: list[str]) -> str | None:
@@ -152,32 +168,38 @@ def _metric_for(key: str, columns: list[str]) -> str | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def judge(outcome: RunOutcome, options: BenchStage, expect: dict[str, float],
-          watcher: BenchWatcher | None) -> tuple[Judgement, dict[str, SteadyEstimate]]:
+def judge(
+    outcome: StageRun, options: BenchStage, expect: dict[str, float], watcher: BenchWatcher | None
+) -> tuple[Judgement, dict[str, SteadyEstimate]]:
     rule = stopping_rule(options)
     steps = outcome.steps
     rows = complete_rows(steps, options.metrics)
     series = watched_series(steps, options.metrics)
     estimates = {m: steady_state(v, m, rule.confidence) for m, v in series.items()}
     summary: dict[str, Any] = {
-        "rel_ci": rule.rel_ci, "min_steps": rule.min_steps, "max_steps": rule.max_steps,
+        "rel_ci": rule.rel_ci,
+        "min_steps": rule.min_steps,
+        "max_steps": rule.max_steps,
         "steps": len(rows),
         "stop": _stop_reason(outcome, watcher),
         "metrics": {m: e.to_dict() for m, e in estimates.items()},
     }
     if watcher is not None:
         summary["stopping_rule_calls"] = watcher.calls
-        summary["stopping_rule_ms_per_call"] = round(1e3 * watcher.seconds / max(watcher.calls, 1), 3)
+        summary["stopping_rule_ms_per_call"] = round(
+            1e3 * watcher.seconds / max(watcher.calls, 1), 3
+        )
     if TOKENS_PER_GPU in steps.columns:
-        tokens = steady_state(rows[TOKENS_PER_GPU].to_numpy(float), TOKENS_PER_GPU,
-                              rule.confidence)
+        tokens = steady_state(rows[TOKENS_PER_GPU].to_numpy(float), TOKENS_PER_GPU, rule.confidence)
         estimates[TOKENS_PER_GPU] = tokens
         summary["tokens_per_gpu_per_sec"] = tokens.to_dict()
     failure = run_failure(outcome)
     missing = [m for m, e in estimates.items() if m in options.metrics and e.steps == 0]
     if failure is None and missing:
-        failure = (f"watched metric(s) never logged: {', '.join(missing)}; check "
-                   f"stages.bench.metrics against the log ({outcome.log_path})")
+        failure = (
+            f"watched metric(s) never logged: {', '.join(missing)}; check "
+            f"stages.bench.metrics against the log ({outcome.log_path})"
+        )
     if failure is not None:
         return Judgement(checks=[], summary=summary, error=failure), estimates
     checks = [precision_check(estimates[m], rule, options.on_max_steps) for m in options.metrics]
@@ -185,24 +207,33 @@ def judge(outcome: RunOutcome, options: BenchStage, expect: dict[str, float],
     for key, expected in expect.items():
         metric = _metric_for(key, columns)
         if metric is None:
-            checks.append(Check(id=f"expect:{key}", ok=False, severity="warning",
-                                key=f"expect.bench.{key}",
-                                message=f"expect.bench.{key} names no logged metric"))
+            checks.append(
+                Check(
+                    id=f"expect:{key}",
+                    ok=False,
+                    severity="warning",
+                    key=f"expect.bench.{key}",
+                    message=f"expect.bench.{key} names no logged metric",
+                )
+            )
             continue
         if metric not in estimates:
-            estimates[metric] = steady_state(rows[metric].to_numpy(float), metric,
-                                             rule.confidence)
+            estimates[metric] = steady_state(rows[metric].to_numpy(float), metric, rule.confidence)
             summary["metrics"][metric] = estimates[metric].to_dict()
         checks.append(expect_check(estimates[metric], key, expected, options.tolerance))
-    imprecise = [c.id.split(":", 1)[1] for c in checks if c.id.startswith("precision:") and not c.ok]
+    imprecise = [
+        c.id.split(":", 1)[1] for c in checks if c.id.startswith("precision:") and not c.ok
+    ]
     message = ""
     if imprecise:
-        message = (f"{', '.join(imprecise)} not precise enough after {summary['steps']} steps "
-                   f"(rel_ci {rule.rel_ci:.1%}; on_max_steps: {options.on_max_steps})")
+        message = (
+            f"{', '.join(imprecise)} not precise enough after {summary['steps']} steps "
+            f"(rel_ci {rule.rel_ci:.1%}; on_max_steps: {options.on_max_steps})"
+        )
     return Judgement(checks=checks, summary=summary, message=message), estimates
 
 
-def _stop_reason(outcome: RunOutcome, watcher: BenchWatcher | None) -> str:
+def _stop_reason(outcome: StageRun, watcher: BenchWatcher | None) -> str:
     if outcome.run is None:
         return "judged from a log"
     if outcome.run.stopped and watcher is not None and watcher.decision is not None:
@@ -210,8 +241,12 @@ def _stop_reason(outcome: RunOutcome, watcher: BenchWatcher | None) -> str:
     return "the run ended by itself"
 
 
-def _plot(request: StageRequest, steps: pd.DataFrame, metrics: list[str],
-          estimates: dict[str, SteadyEstimate]) -> dict[str, str]:
+def _plot(
+    request: StageRequest,
+    steps: pd.DataFrame,
+    metrics: list[str],
+    estimates: dict[str, SteadyEstimate],
+) -> dict[str, str]:
     from recipeval.analysis.plots import step_time_plot
 
     rows = complete_rows(steps, metrics)
@@ -227,24 +262,24 @@ def _plot(request: StageRequest, steps: pd.DataFrame, metrics: list[str],
     return {"plot": str(step_time_plot(series, estimates, request.artifact(".steps.png")))}
 
 
-def run_bench(request: StageRequest) -> StageResult:
-    """Bad input (recipe, usage) raises before anything is written."""
-    if request.stage != STAGE:
-        raise ValueError(f"run_bench got a {request.stage} request")
-    blocked = gate_block(request)
-    if blocked is not None:
-        return skipped(request, *blocked)
+def execute_bench(request: StageRequest) -> Verdict:
+    """Run the bench overlay with the stopping rule watching (not when judging a log)."""
     resolved, launch = resolve_and_render(request)
     options = request.loaded.recipe.stages.bench
-    watcher = None if request.from_log else BenchWatcher(list(options.metrics), stopping_rule(options))
-    started = now_iso()
-    clock = time.monotonic()
+    watcher = (
+        None if request.from_log else BenchWatcher(list(options.metrics), stopping_rule(options))
+    )
     outcome = execute(request, resolved, launch, request.artifact(".log"), watcher)
     expect = dict(request.loaded.recipe.expect.get("bench", {}))
     judgement, estimates = judge(outcome, options, expect, watcher)
-    judgement.summary = {**run_summary(outcome, time.monotonic() - clock), **judgement.summary}
     artifacts = _plot(request, outcome.steps, list(options.metrics), estimates)
-    return finish(request, judgement, started, outcome.steps, artifacts)
+    return Verdict(judgement, outcome.steps, artifacts, run_summary(outcome))
 
 
-__all__ = ["STAGE", "BenchWatcher", "judge", "run_bench", "watched_series"]
+BENCH = Stage(
+    name=STAGE,
+    execute=execute_bench,
+)
+
+
+__all__ = ["BENCH", "STAGE", "BenchWatcher", "judge", "watched_series"]

@@ -34,51 +34,35 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
-import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from recipeval.analysis import logprob as lp
-from recipeval.engines import render
-from recipeval.engines.miles.logparse import parse_lines, write_steps
-from recipeval.errors import RecipeError, UsageError
+from recipeval.analysis import logprob_compare as lc
+from recipeval.atomic import atomic_write_text
+from recipeval.engines import engine_for, render
+from recipeval.engines.miles.logparse import write_steps
+from recipeval.errors import RecipeError
 from recipeval.recipe import resolve
-from recipeval.result import Check, StageResult, now_iso
+from recipeval.recipe.schema import ABS_DIFF_CUTOFF
+from recipeval.result import Check
 from recipeval.runners import default_runner_name
-from recipeval.stages.common import (
-    Judgement,
-    RunOutcome,
-    StageRequest,
-    execute,
-    finish,
-    gate_block,
-    run_failure,
-    skipped,
-)
+from recipeval.stages.common import Judgement, StageRequest, StageRun, execute, run_failure
+from recipeval.stages.driver import Stage, Verdict
 
 STAGE = "logprob_diff"
 REFERENCE_NAME = "baseline"
-CUTOFF_KEY = "abs_diff_cutoff"
-# miles' history band for train_rollout_logprob_abs_diff, applied along one run.
-GROWTH_RELATIVE, GROWTH_FLOOR = 0.5, 0.02
 MARKER = re.compile(r"^=== recipeval logprob_diff variant (?P<name>.+) ===$")
 # Args that must match for one variant to re-score another's tokens (same prompts, same shape).
 SAME_PROMPTS = ("seed", "rollout-batch-size", "n-samples-per-prompt", "rollout-max-response-len")
 # The re-scoring runs' logs follow this marker; judging a log leaves them out.
 RESCORE_MARKER = re.compile(r"^=== recipeval logprob_diff rescoring .+ ===$")
 WORST_ROLLOUT_CHECKS = ("token_mult_prob_error", "prob_abs_diff_mean")
-# Statistics a recipe may put a limit on (counts and settings are not statistics).
-_NOT_LIMITS = {"tokens", "samples", "steps", "abs_diff_cutoff"}
-TOKEN_STATS = {f.name for f in dataclasses.fields(lp.DiffStats)} - _NOT_LIMITS
-SCALAR_STATS = {f.name for f in dataclasses.fields(lp.ScalarStats)} - _NOT_LIMITS
 
 
 def marker(name: str) -> str:
@@ -128,24 +112,18 @@ def variant_names(request: StageRequest) -> tuple[list[str | None], str | None]:
 
 
 def thresholds(request: StageRequest) -> tuple[dict[str, tuple[float, str]], float]:
-    """Defaults with the recipe's overrides; unknown statistic names are bad input."""
+    """Defaults with the recipe's overrides (the schema has checked their names)."""
     given = dict(request.loaded.recipe.stages.logprob_diff.thresholds)
-    cutoff = float(given.pop(CUTOFF_KEY, lp.DEFAULT_ABS_DIFF_CUTOFF))
-    known = TOKEN_STATS | SCALAR_STATS | {"rollout_growth"}
-    for key in given:
-        if key not in known:
-            raise request.loaded.error(
-                f"stages.logprob_diff.thresholds.{key}",
-                f"{key!r} is no logprob statistic; use one of: {', '.join(sorted(known))} "
-                f"(or {CUTOFF_KEY})",
-            )
+    cutoff = float(given.pop(ABS_DIFF_CUTOFF, lp.DEFAULT_ABS_DIFF_CUTOFF))
     return lp.thresholds_with(given), cutoff
 
 
 # --- getting the data ---------------------------------------------------------------
 
 
-def run_variant(request: StageRequest, name: str | None, score_tokens: Path | None = None) -> VariantRun:
+def run_variant(
+    request: StageRequest, name: str | None, score_tokens: Path | None = None
+) -> VariantRun:
     """One short run of a variant; with `score_tokens` (reference engine) one rollout in which
     its rollout path scores that dump's responses instead of sampling its own."""
     label = name or REFERENCE_NAME
@@ -155,10 +133,11 @@ def run_variant(request: StageRequest, name: str | None, score_tokens: Path | No
         raise RecipeError(request.loaded.path, str(err.args[0])) from None
     kind = "rescored" if score_tokens else "tokens"
     dump = request.out / f".{STAGE}.{file_safe(label)}.{kind}.parquet"
-    if resolved.recipe.engine == "reference":
-        extra = {"dump-logprobs": str(dump)}
-        if score_tokens:
-            extra |= {"score-tokens": str(score_tokens), "num-rollout": 1}
+    engine = engine_for(resolved.recipe.engine)
+    if engine.dump_args is not None:
+        extra = engine.dump_args(dump)
+        if score_tokens and engine.rescore_args is not None:
+            extra |= engine.rescore_args(score_tokens)
         resolved = dataclasses.replace(resolved, args={**resolved.args, **extra})
     dump.unlink(missing_ok=True)
     log_path = request.out / f".{STAGE}.{file_safe(label)}.{kind}.log"
@@ -176,7 +155,7 @@ def rescore(request: StageRequest, runs: list[VariantRun], reference: str | None
     """Each other variant's rollout path on the reference variant's first-rollout tokens, where
     the engine can score a dump (the reference engine); sets `rescored` on each such run."""
     ref = next((r for r in runs if r.name == reference), None)
-    if request.loaded.recipe.engine != "reference" or ref is None or ref.tokens is None:
+    if not engine_for(request.loaded.recipe.engine).rescoring or ref is None or ref.tokens is None:
         return
     recipe = request.loaded.recipe
     prompts = {key: resolve(recipe, STAGE, ref.name).args.get(key) for key in SAME_PROMPTS}
@@ -184,20 +163,24 @@ def rescore(request: StageRequest, runs: list[VariantRun], reference: str | None
     ref.tokens[ref.tokens["rollout_id"] == ref.tokens["rollout_id"].min()].to_parquet(source)
     try:
         for run in runs:
-            same = all(resolve(recipe, STAGE, run.name).args.get(k) == v for k, v in prompts.items())
+            same = all(
+                resolve(recipe, STAGE, run.name).args.get(k) == v for k, v in prompts.items()
+            )
             if run is ref or run.failure or not same:
                 continue  # other prompts or batch shape: compared on the shared prefix only
             scored = run_variant(request, run.name, score_tokens=source)
             run.rescore_log = [rescore_marker(run.name, ref.name), *scored.log_lines]
             if scored.failure or scored.tokens is None:
-                run.failure = f"re-scoring {ref.name}'s tokens failed: {scored.failure or 'no dump'}"
+                run.failure = (
+                    f"re-scoring {ref.name}'s tokens failed: {scored.failure or 'no dump'}"
+                )
             else:
                 run.rescored = scored.tokens
     finally:
         source.unlink(missing_ok=True)
 
 
-def _failure(outcome: RunOutcome) -> str | None:
+def _failure(outcome: StageRun) -> str | None:
     failure = run_failure(outcome)
     if failure is None and outcome.steps.empty:
         failure = f"the run logged no rollout; last log lines:\n{outcome.tail_text()}"
@@ -227,17 +210,26 @@ def split_log(lines: list[str], names: list[str | None]) -> dict[str, list[str]]
 def from_log(request: StageRequest, names: list[str | None]) -> list[VariantRun]:
     source = request.from_log
     assert source is not None
-    if not source.is_file():
-        raise UsageError(f"--from-log {source}: no such file")
     lines = source.read_text(encoding="utf-8", errors="replace").splitlines()
-    paths = {kind: source.with_name(f"{source.stem}.{kind}.parquet") for kind in ("tokens", "rescored")}
+    paths = {
+        kind: source.with_name(f"{source.stem}.{kind}.parquet") for kind in ("tokens", "rescored")
+    }
     tables = {kind: pd.read_parquet(path) for kind, path in paths.items() if path.is_file()}
     runs = []
+    recipe = request.loaded.recipe
+    engine = engine_for(recipe.engine)
     for name, part in split_log(lines, names).items():
-        steps = parse_lines(part).steps
+        parser = engine.parser(
+            resolve(recipe, STAGE, name if name in recipe.stages.logprob_diff.variants else None)
+        )
+        for line in part:
+            parser.feed(line)
+        steps = parser.table()
         mine = {kind: _variant_rows(table, name) for kind, table in tables.items()}
         failure = None if len(steps) else f"variant {name}: the log holds no rollout"
-        runs.append(VariantRun(name, steps, mine.get("tokens"), part, failure, mine.get("rescored")))
+        runs.append(
+            VariantRun(name, steps, mine.get("tokens"), part, failure, mine.get("rescored"))
+        )
     return runs
 
 
@@ -251,55 +243,50 @@ def _variant_rows(table: pd.DataFrame, name: str) -> pd.DataFrame | None:
 # --- judging --------------------------------------------------------------------------
 
 
-def per_rollout(tokens: pd.DataFrame, cutoff: float) -> pd.DataFrame:
-    rows = []
-    for rollout_id, part in tokens.groupby("rollout_id", sort=True):
-        st = lp.diff_stats(part, abs_diff_cutoff=cutoff)
-        rows.append({"rollout_id": int(rollout_id), **st.to_dict()})
-    return pd.DataFrame(rows)
-
-
-def per_sample_abs_diff(tokens: pd.DataFrame) -> np.ndarray:
-    masked = tokens[tokens["loss_mask"].astype(bool)]
-    d = (masked["logp_rollout"] - masked["logp_train"]).abs()
-    return d.groupby([masked["rollout_id"], masked["sample"]]).mean().to_numpy(float)
-
-
 def growth_check(name: str, by_rollout: pd.Series) -> Check:
-    series = by_rollout.dropna()
-    if len(series) < 2:
-        return Check(id=f"{name}:rollout_growth", ok=True, severity="info",
-                     message="one rollout only: growth along the run not measurable")
-    first = float(series.iloc[0])
-    limit = max(first * (1 + GROWTH_RELATIVE), first + GROWTH_FLOOR)
-    worst_at = int(series.iloc[1:].idxmax())
-    worst = float(series.loc[worst_at])
-    ok = worst <= limit
+    growth = lc.rollout_growth(by_rollout)
+    if growth is None:
+        return Check(
+            id=f"{name}:rollout_growth",
+            ok=True,
+            severity="info",
+            message="one rollout only: growth along the run not measurable",
+        )
     return Check(
-        id=f"{name}:rollout_growth", ok=ok, value=worst, threshold=limit,
-        message=f"mean |d| {first:.4g} at the first rollout, worst later {worst:.4g} (rollout "
-        f"{worst_at}); limit {limit:.4g} (+50 %, floor +0.02)"
-        + ("" if ok else ": the diff grows with training, as when the rollout side misses "
-           "weight updates"),
+        id=f"{name}:rollout_growth",
+        ok=growth.ok,
+        value=growth.worst,
+        threshold=growth.limit,
+        message=f"mean |d| {growth.first:.4g} at the first rollout, worst later "
+        f"{growth.worst:.4g} (rollout {growth.worst_at}); limit {growth.limit:.4g} (+50 %, "
+        f"floor +0.02)"
+        + (
+            ""
+            if growth.ok
+            else ": the diff grows with training, as when the rollout side misses weight updates"
+        ),
     )
 
 
-def judge_variant(run: VariantRun, limits: dict[str, tuple[float, str]],
-                  cutoff: float) -> VariantVerdict:
+def judge_variant(
+    run: VariantRun, limits: dict[str, tuple[float, str]], cutoff: float
+) -> VariantVerdict:
     checks: list[Check] = []
     if run.tokens is not None and len(run.tokens):
         lp.check_token_table(run.tokens)
         overall = lp.diff_stats(run.tokens, abs_diff_cutoff=cutoff)
-        rollouts = per_rollout(run.tokens, cutoff)
+        rollouts = lc.per_rollout(run.tokens, cutoff)
         values = overall.to_dict()
         for key in WORST_ROLLOUT_CHECKS:
             values[key] = float(rollouts[key].max())
-        summary: dict[str, Any] = {"source": "token dump", **overall.to_dict(),
-                                   **{f"worst_rollout_{k}": values[k] for k in WORST_ROLLOUT_CHECKS}}
+        summary: dict[str, Any] = {
+            "source": "token dump",
+            **overall.to_dict(),
+            **{f"worst_rollout_{k}": values[k] for k in WORST_ROLLOUT_CHECKS},
+        }
         growth = rollouts.set_index("rollout_id")["mean_abs_diff"]
-        samples = per_sample_abs_diff(run.tokens)
-        masked = run.tokens[run.tokens["loss_mask"].astype(bool)]
-        abs_diffs = (masked["logp_rollout"] - masked["logp_train"]).abs().to_numpy(float)
+        samples = lc.per_sample_abs_diff(run.tokens)
+        abs_diffs = lc.token_abs_diffs(run.tokens)
         buckets = lp.by_position(run.tokens)
         summary["by_position"] = buckets.to_dict(orient="records")
     else:
@@ -307,80 +294,83 @@ def judge_variant(run: VariantRun, limits: dict[str, tuple[float, str]],
         values = scalars.to_dict()
         summary = {"source": "logged scalars", **values}
         column = run.steps.get(lp.SCALAR_ABS_DIFF)
-        growth = (pd.Series(column.to_numpy(float), index=run.steps["rollout_id"])
-                  if column is not None else pd.Series(dtype=float))
+        growth = (
+            pd.Series(column.to_numpy(float), index=run.steps["rollout_id"])
+            if column is not None
+            else pd.Series(dtype=float)
+        )
         samples = growth.dropna().to_numpy(float)
         abs_diffs, buckets = None, None
     for verdict in lp.judge(values, limits):
         shown = "not measured" if math.isnan(verdict.value) else f"{verdict.value:.4g}"
-        checks.append(Check(
-            id=f"{run.name}:{verdict.check}", ok=verdict.ok, value=verdict.value,
-            threshold=verdict.limit, key=f"stages.logprob_diff.thresholds.{verdict.check}",
-            message=f"{verdict.check} = {shown} ({'within' if verdict.ok else 'above'} "
-            f"{verdict.limit:g}, {verdict.source})",
-        ))
+        checks.append(
+            Check(
+                id=f"{run.name}:{verdict.check}",
+                ok=verdict.ok,
+                value=verdict.value,
+                threshold=verdict.limit,
+                key=f"stages.logprob_diff.thresholds.{verdict.check}",
+                message=f"{verdict.check} = {shown} ({'within' if verdict.ok else 'above'} "
+                f"{verdict.limit:g}, {verdict.source})",
+            )
+        )
     checks.append(growth_check(run.name, growth))
-    return VariantVerdict(run.name, summary, checks, samples, abs_diffs, buckets, run.tokens, run.rescored)
+    return VariantVerdict(
+        run.name, summary, checks, samples, abs_diffs, buckets, run.tokens, run.rescored
+    )
 
 
 def compare(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any]:
-    """Shift of per-sample mean |d| (variant - reference): Welch 95 % interval and
-    Mann-Whitney p-value. Clear when the interval excludes 0."""
-    a, b = variant.per_sample_abs_diff, reference.per_sample_abs_diff
-    out: dict[str, Any] = {"variant": variant.name, "reference": reference.name,
-                           "samples": [len(a), len(b)]}
-    if len(a) < 2 or len(b) < 2:
-        return {**out, "shift": math.nan, "clear": False,
-                "message": "too few samples to compare"}
-    shift = float(a.mean() - b.mean())
-    if np.ptp(np.concatenate([a, b])) == 0:
-        return {**out, "shift": shift, "low": shift, "high": shift, "p_value": 1.0,
-                "clear": shift != 0}
-    with warnings.catch_warnings():
-        # Nearly equal per-rollout scalars trip scipy's precision warning; the interval is
-        # still right (and tiny).
-        warnings.simplefilter("ignore", RuntimeWarning)
-        welch = stats.ttest_ind(a, b, equal_var=False)
-        ci = welch.confidence_interval(0.95)
-        p_value = float(stats.mannwhitneyu(a, b).pvalue)
-    low, high = float(ci.low), float(ci.high)
-    return {**out, "shift": shift, "low": low, "high": high, "p_value": p_value,
-            "relative": shift / b.mean() if b.mean() else math.inf,
-            "clear": bool(low > 0 or high < 0), **identical_tokens(variant, reference)}
+    """The pairwise summary entry: the shift of per-sample mean |d| (variant - reference) and,
+    where the shift could be tested, both rollout paths on identical tokens."""
+    shift = lc.compare_samples(variant.per_sample_abs_diff, reference.per_sample_abs_diff)
+    pair = {"variant": variant.name, "reference": reference.name, **shift.to_dict()}
+    same = (
+        lc.identical_tokens(reference.tokens, variant.tokens, variant.rescored)
+        if shift.tested
+        else None
+    )
+    return pair | ({"identical_tokens": same.to_dict()} if same is not None else {})
 
 
-def identical_tokens(variant: VariantVerdict, reference: VariantVerdict) -> dict[str, Any]:
-    """Both rollout paths on the very same tokens: every token the reference sampled at the
-    first rollout, re-scored by the variant (analysis.logprob.rescored_pairs), else the shared
-    prefix of the first rollout (analysis.logprob.shared_prefix_pairs)."""
-    if reference.tokens is None:
-        return {}
-    if variant.rescored is not None:
-        first = reference.tokens[reference.tokens["rollout_id"].isin(variant.rescored["rollout_id"])]
-        method, pairs = "re-scored", lp.rescored_pairs(first, variant.rescored)
-    elif variant.tokens is not None:
-        method, pairs = "shared prefix", lp.shared_prefix_pairs(reference.tokens, variant.tokens)
+def pair_message(pair: dict[str, Any]) -> str:
+    if "low" in pair:
+        sign = "higher" if pair["shift"] > 0 else "lower"
+        text = (
+            f"mean |d| {sign} than {pair['reference']} by {abs(pair['shift']):.4g} "
+            f"(95 % interval [{pair['low']:.4g}, {pair['high']:.4g}], Mann-Whitney p = "
+            f"{pair['p_value']:.2g})" + ("" if pair["clear"] else ": not a clear difference")
+        )
     else:
-        return {}
-    if pairs.empty:
-        return {"identical_tokens": {"method": method, "tokens": 0}}
-    st = lp.diff_stats(pairs)
-    extra = {"train_gap_max": float(pairs["train_gap"].max())} if "train_gap" in pairs else {}
-    return {"identical_tokens": {
-        "method": method, "tokens": st.tokens, "mean_abs_diff": st.token_mean_abs_diff,
-        "mean_diff": st.mean_diff, "p99_abs_diff": st.p99_abs_diff, "max_abs_diff": st.max_abs_diff,
-        "token_mult_prob_error": st.token_mult_prob_error, **extra,
-    }}
+        text = pair["message"]
+    same = pair.get("identical_tokens")
+    if same and same["tokens"]:
+        where = (
+            f"every token {pair['reference']} sampled at the first rollout, re-scored"
+            if same["method"] == "re-scored"
+            else "the tokens both sampled at the first rollout"
+        )
+        text += (
+            f"; on {same['tokens']} identical tokens ({where}) its rollout logprobs "
+            f"differ from {pair['reference']}'s by {same['mean_abs_diff']:.4g} on "
+            f"average (mean signed {same['mean_diff']:+.4g}, max {same['max_abs_diff']:.4g})"
+        )
+    return text
 
 
-def judge_all(runs: list[VariantRun], reference: str | None,
-              limits: dict[str, tuple[float, str]], cutoff: float
-              ) -> tuple[Judgement, list[VariantVerdict]]:
+def judge_all(
+    runs: list[VariantRun],
+    reference: str | None,
+    limits: dict[str, tuple[float, str]],
+    cutoff: float,
+) -> tuple[Judgement, list[VariantVerdict]]:
     failures = [f"variant {r.name}: {r.failure}" for r in runs if r.failure]
     verdicts = [judge_variant(r, limits, cutoff) for r in runs if not r.failure]
     checks = [c for v in verdicts for c in v.checks]
-    summary: dict[str, Any] = {"reference": reference or runs[0].name,
-                               "variants": {v.name: v.summary for v in verdicts}}
+    summary: dict[str, Any] = {
+        "reference": reference or runs[0].name,
+        "variants": {v.name: v.summary for v in verdicts},
+    }
     ref = next((v for v in verdicts if v.name == summary["reference"]), None)
     if ref is not None:
         # The headline number under miles' own name (its per-sample-mean definition), for
@@ -388,25 +378,16 @@ def judge_all(runs: list[VariantRun], reference: str | None,
         summary["train_rollout_logprob_abs_diff"] = ref.summary.get("mean_abs_diff")
         pairs = [compare(v, ref) for v in verdicts if v is not ref]
         summary["pairwise"] = pairs
-        for pair in pairs:
-            if "low" in pair:
-                sign = "higher" if pair["shift"] > 0 else "lower"
-                text = (f"mean |d| {sign} than {pair['reference']} by {abs(pair['shift']):.4g} "
-                        f"(95 % interval [{pair['low']:.4g}, {pair['high']:.4g}]"
-                        + (f", Mann-Whitney p = {pair['p_value']:.2g}" if "p_value" in pair else "")
-                        + ")" + ("" if pair["clear"] else ": not a clear difference"))
-            else:
-                text = pair["message"]
-            same = pair.get("identical_tokens")
-            if same and same["tokens"]:
-                where = (f"every token {pair['reference']} sampled at the first rollout, re-scored"
-                         if same["method"] == "re-scored"
-                         else "the tokens both sampled at the first rollout")
-                text += (f"; on {same['tokens']} identical tokens ({where}) its rollout logprobs "
-                         f"differ from {pair['reference']}'s by {same['mean_abs_diff']:.4g} on "
-                         f"average (mean signed {same['mean_diff']:+.4g}, max {same['max_abs_diff']:.4g})")
-            checks.append(Check(id=f"{pair['variant']}:vs_{pair['reference']}", ok=True,
-                                severity="info", value=pair.get("shift"), message=text))
+        checks += [
+            Check(
+                id=f"{pair['variant']}:vs_{pair['reference']}",
+                ok=True,
+                severity="info",
+                value=pair.get("shift"),
+                message=pair_message(pair),
+            )
+            for pair in pairs
+        ]
     if failures:
         return Judgement(checks=checks, summary=summary, error="; ".join(failures)), verdicts
     failed = sorted({c.id.split(":")[0] for c in checks if not c.ok and c.severity == "error"})
@@ -417,45 +398,52 @@ def judge_all(runs: list[VariantRun], reference: str | None,
 # --- outputs --------------------------------------------------------------------------
 
 
-def write_outputs(request: StageRequest, runs: list[VariantRun],
-                  verdicts: list[VariantVerdict], cutoff: float) -> tuple[pd.DataFrame, dict[str, str]]:
+def write_outputs(
+    request: StageRequest, runs: list[VariantRun], verdicts: list[VariantVerdict], cutoff: float
+) -> tuple[pd.DataFrame, dict[str, str]]:
     """The combined log (unless judging it in place), token table and plots; returns the
     combined step table and the artifacts."""
     log_path = request.artifact(".log")
     if request.from_log is None or request.from_log.resolve() != log_path.resolve():
-        text = "\n".join(line for r in runs for line in [marker(r.name), *r.log_lines, *r.rescore_log]) + "\n"
-        tmp = log_path.with_name(f".{log_path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, log_path)
+        text = (
+            "\n".join(line for r in runs for line in [marker(r.name), *r.log_lines, *r.rescore_log])
+            + "\n"
+        )
+        atomic_write_text(log_path, text)
     steps = pd.concat([r.steps.assign(variant=r.name) for r in runs], ignore_index=True)
     artifacts: dict[str, str] = {}
     for kind in ("tokens", "rescored"):
-        tables = [getattr(r, kind).assign(variant=r.name) for r in runs if getattr(r, kind) is not None]
+        tables = [
+            getattr(r, kind).assign(variant=r.name) for r in runs if getattr(r, kind) is not None
+        ]
         if tables:
-            artifacts[kind] = str(write_steps(pd.concat(tables, ignore_index=True),
-                                              request.artifact(f".{kind}.parquet")))
+            artifacts[kind] = str(
+                write_steps(
+                    pd.concat(tables, ignore_index=True), request.artifact(f".{kind}.parquet")
+                )
+            )
     with_tokens = [v for v in verdicts if v.abs_diffs is not None]
     if with_tokens:
         from recipeval.analysis.plots import abs_diff_by_position, abs_diff_histogram
 
-        artifacts["histogram"] = str(abs_diff_histogram(
-            {v.name: v.abs_diffs for v in with_tokens}, request.artifact(".hist.png"), cutoff))
-        artifacts["by_position"] = str(abs_diff_by_position(
-            {v.name: v.buckets for v in with_tokens}, request.artifact(".position.png")))
+        artifacts["histogram"] = str(
+            abs_diff_histogram(
+                {v.name: v.abs_diffs for v in with_tokens}, request.artifact(".hist.png"), cutoff
+            )
+        )
+        artifacts["by_position"] = str(
+            abs_diff_by_position(
+                {v.name: v.buckets for v in with_tokens}, request.artifact(".position.png")
+            )
+        )
     return steps, artifacts
 
 
-def run_logprob_diff(request: StageRequest) -> StageResult:
-    """Bad input (recipe, usage) raises before anything is written."""
-    if request.stage != STAGE:
-        raise ValueError(f"run_logprob_diff got a {request.stage} request")
+def execute_logprob_diff(request: StageRequest) -> Verdict:
+    """Each variant's run (or their parts of --from-log), the re-scoring runs, the verdicts."""
     limits, cutoff = thresholds(request)
     names, reference = variant_names(request)
-    blocked = gate_block(request)
-    if blocked is not None:
-        return skipped(request, *blocked)
-    started = now_iso()
-    clock = time.monotonic()
+    assert request.out is not None
     request.out.mkdir(parents=True, exist_ok=True)
     if request.from_log is not None:
         runs = from_log(request, names)
@@ -465,9 +453,13 @@ def run_logprob_diff(request: StageRequest) -> StageResult:
     judgement, verdicts = judge_all(runs, reference, limits, cutoff)
     steps, artifacts = write_outputs(request, runs, verdicts, cutoff)
     runner = "from-log" if request.from_log else request.runner or default_runner_name()
-    judgement.summary = {"runner": runner,
-                         "stage_wall_s": round(time.monotonic() - clock, 3), **judgement.summary}
-    return finish(request, judgement, started, steps, artifacts)
+    return Verdict(judgement, steps, artifacts, {"runner": runner})
 
 
-__all__ = ["STAGE", "compare", "judge_all", "judge_variant", "run_logprob_diff", "split_log"]
+LOGPROB_DIFF = Stage(
+    name=STAGE,
+    execute=execute_logprob_diff,
+)
+
+
+__all__ = ["LOGPROB_DIFF", "STAGE", "compare", "judge_all", "judge_variant", "split_log"]

@@ -9,15 +9,10 @@ import math
 
 import pandas as pd
 
-from recipeval.result import Check, StageResult
-from recipeval.stages.common import (
-    Judgement,
-    RunOutcome,
-    StageRequest,
-    resolve_and_render,
-    run_failure,
-    run_stage,
-)
+from recipeval.recipe import Resolved
+from recipeval.result import Check
+from recipeval.stages.common import Judgement, StageRequest, StageRun, run_failure
+from recipeval.stages.driver import Stage, launch_once
 
 STAGE = "smoke"
 # Step 0 is computed on the policy that sampled the rollout: the ratio is exactly 1 up to
@@ -27,15 +22,9 @@ STEP0_CLIPFRAC_MAX = 1e-6
 PY_TRACEBACK = "Traceback (most recent call last):"
 
 
-def expected_rollouts(request: StageRequest) -> int:
-    resolved, _ = resolve_and_render(request)
-    value = resolved.arg("num-rollout")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise request.loaded.error(
-            "stages.smoke.args.num-rollout",
-            "the smoke stage needs a positive integer num-rollout (set it in the smoke overlay)",
-        )
-    return value
+def expected_rollouts(resolved: Resolved) -> int:
+    """The smoke overlay's num-rollout (the recipe schema holds it to a positive integer)."""
+    return int(resolved.arg("num-rollout"))
 
 
 def _column(steps: pd.DataFrame, name: str) -> pd.Series | None:
@@ -61,7 +50,8 @@ def finite_check(steps: pd.DataFrame, check_id: str, column: str) -> Check:
         id=check_id,
         ok=bad.empty,
         value=worst if bad.empty else [int(i) for i in bad],
-        message=f"{column} finite at every rollout" if bad.empty
+        message=f"{column} finite at every rollout"
+        if bad.empty
         else f"{column} not finite (or missing) at rollout ids {', '.join(str(int(i)) for i in bad)}",
     )
 
@@ -69,41 +59,68 @@ def finite_check(steps: pd.DataFrame, check_id: str, column: str) -> Check:
 def step0_check(steps: pd.DataFrame, check_id: str, column: str, limit: float) -> Check:
     values = _column(steps, column)
     if values is None or steps.empty or pd.isna(values.iloc[0]):
-        return Check(id=check_id, ok=False, threshold=limit,
-                     message=f"{column} at the first step was not logged")
+        return Check(
+            id=check_id,
+            ok=False,
+            threshold=limit,
+            message=f"{column} at the first step was not logged",
+        )
     value = float(values.iloc[0])
     ok = math.isfinite(value) and abs(value) <= limit
     return Check(
-        id=check_id, ok=ok, value=value, threshold=limit,
+        id=check_id,
+        ok=ok,
+        value=value,
+        threshold=limit,
         message=f"{column} at step {int(steps['rollout_id'].iloc[0])} = {value:.3g} "
         f"({'within' if ok else 'above'} {limit:g}: the first update starts from the sampling policy)",
     )
 
 
-def judge(outcome: RunOutcome, expected: int) -> Judgement:
+def judge(outcome: StageRun, expected: int) -> Judgement:
     steps = outcome.steps
     failure = run_failure(outcome)
     trained = trained_rollouts(steps)
-    if failure is None and outcome.run is None and len(trained) < expected and any(
-        PY_TRACEBACK in line for line in outcome.tail
+    if (
+        failure is None
+        and outcome.run is None
+        and len(trained) < expected
+        and any(PY_TRACEBACK in line for line in outcome.tail)
     ):
-        failure = f"the logged run crashed; last log lines ({outcome.log_path}):\n{outcome.tail_text()}"
+        failure = (
+            f"the logged run crashed; last log lines ({outcome.log_path}):\n{outcome.tail_text()}"
+        )
     checks: list[Check] = []
     if outcome.run is not None:
-        checks.append(Check(
-            id="exit_status", ok=outcome.run.exit_code == 0 and not outcome.run.timed_out,
-            value=outcome.run.exit_code, threshold=0,
-            message=outcome.run.detail or "exited with status 0",
-        ))
+        checks.append(
+            Check(
+                id="exit_status",
+                ok=outcome.run.exit_code == 0 and not outcome.run.timed_out,
+                value=outcome.run.exit_code,
+                threshold=0,
+                message=outcome.run.detail or "exited with status 0",
+            )
+        )
     else:
-        checks.append(Check(id="exit_status", ok=True, severity="info",
-                            message="judged from an existing log: exit status unknown"))
+        checks.append(
+            Check(
+                id="exit_status",
+                ok=True,
+                severity="info",
+                message="judged from an existing log: exit status unknown",
+            )
+        )
     ids = trained
-    checks.append(Check(
-        id="rollouts_logged", ok=len(ids) == expected, value=len(ids), threshold=expected,
-        message=f"{len(ids)} of {expected} rollout ids logged with training metrics"
-        + (f" ({ids[0]}..{ids[-1]})" if ids else ""),
-    ))
+    checks.append(
+        Check(
+            id="rollouts_logged",
+            ok=len(ids) == expected,
+            value=len(ids),
+            threshold=expected,
+            message=f"{len(ids)} of {expected} rollout ids logged with training metrics"
+            + (f" ({ids[0]}..{ids[-1]})" if ids else ""),
+        )
+    )
     checks += [
         finite_check(steps, "loss_finite", "train/loss"),
         finite_check(steps, "grad_norm_finite", "train/grad_norm"),
@@ -112,15 +129,24 @@ def judge(outcome: RunOutcome, expected: int) -> Judgement:
         finite_check(steps, "logprob_abs_diff_finite", "train/train_rollout_logprob_abs_diff"),
     ]
     if outcome.parsed.malformed_count:
-        checks.append(Check(
-            id="malformed_log_lines", ok=True, severity="warning",
-            value=outcome.parsed.malformed_count,
-            message=f"{outcome.parsed.malformed_count} metric line(s) could not be read and were "
-            f"skipped (first at log line {outcome.parsed.malformed[0].line_number})",
-        ))
+        checks.append(
+            Check(
+                id="malformed_log_lines",
+                ok=True,
+                severity="warning",
+                value=outcome.parsed.malformed_count,
+                message=f"{outcome.parsed.malformed_count} metric line(s) could not be read and were "
+                f"skipped (first at log line {outcome.parsed.malformed[0].line_number})",
+            )
+        )
     summary = {"expected_rollouts": expected}
-    for column in ("train/loss", "train/grad_norm", "train/train_rollout_logprob_abs_diff",
-                   "perf/step_time", "cycle_time"):
+    for column in (
+        "train/loss",
+        "train/grad_norm",
+        "train/train_rollout_logprob_abs_diff",
+        "perf/step_time",
+        "cycle_time",
+    ):
         values = _column(steps, column)
         finite = values[values.map(math.isfinite)] if values is not None else None
         if finite is not None and not finite.empty:
@@ -128,12 +154,14 @@ def judge(outcome: RunOutcome, expected: int) -> Judgement:
     return Judgement(checks=checks, summary=summary, error=failure)
 
 
-def run_smoke(request: StageRequest) -> StageResult:
-    """Bad input (recipe, usage) raises before anything is written."""
-    if request.stage != STAGE:
-        raise ValueError(f"run_smoke got a {request.stage} request")
-    expected = expected_rollouts(request)
-    return run_stage(request, lambda outcome: judge(outcome, expected))
+def _judge_run(request: StageRequest, outcome: StageRun) -> Judgement:
+    return judge(outcome, expected_rollouts(outcome.resolved))
 
 
-__all__ = ["STAGE", "judge", "run_smoke"]
+SMOKE = Stage(
+    name=STAGE,
+    execute=launch_once(_judge_run),
+)
+
+
+__all__ = ["SMOKE", "STAGE", "judge"]

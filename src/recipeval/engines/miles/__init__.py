@@ -1,1 +1,29 @@
 """miles (Megatron + SGLang + Ray): render its launch, parse its logs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from recipeval.engines.base import Engine
+from recipeval.engines.miles.render import render
+from recipeval.recipe.resolve import Resolved
+
+if TYPE_CHECKING:
+    from recipeval.engines.miles.logparse import MilesLogParser
+
+
+def log_parser(resolved: Resolved | None) -> MilesLogParser:
+    """miles' log format; the reference engine writes the same one. (Imported here: the
+    parser needs pandas, which rendering does not.)"""
+    from recipeval.engines.miles.logparse import MilesLogParser
+
+    return MilesLogParser()
+
+
+ENGINE = Engine(
+    name="miles",
+    render=render,
+    parser=log_parser,
+    trainer_stack_checks=True,
+    packages=("torch", "sglang", "megatron-core", "ray"),
+)

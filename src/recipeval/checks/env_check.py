@@ -1,5 +1,6 @@
-"""Assemble env_check: load the recipes, start SGLang's flag parser in a worker while
-megatron-core imports here, run every check per recipe, and build one StageResult each."""
+"""env_check as a stage: load the recipes, start SGLang's flag parser in a worker while
+megatron-core imports here, then run each recipe's checks through the stage driver
+(stages.driver.run), which builds and writes its StageResult as for every other stage."""
 
 from __future__ import annotations
 
@@ -8,20 +9,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipeval.atomic import atomic_write_text
 from recipeval.checks import context, layout, memory, rules
 from recipeval.checks.drift import drift_check
 from recipeval.checks.sglang_flags import FlagChecker, FlagReport, flag_checks, sglang_words
 from recipeval.checks.subject import Subject
-from recipeval.recipe import STAGES, LoadedRecipe, RecipeErrors, load_recipe
-from recipeval.result import (
-    Check,
-    Provenance,
-    StageResult,
-    now_iso,
-    provenance,
-    status_from_checks,
-    write_result,
-)
+from recipeval.errors import UsageError
+from recipeval.exit_codes import EXIT_BAD_INPUT, exit_code
+from recipeval.recipe import STAGES, InvalidRecipe, LoadedRecipe, load_recipe
+from recipeval.result import Check, StageResult
+from recipeval.stages.common import Judgement, StageRequest
+from recipeval.stages.driver import Stage, Verdict, run
 
 STAGE = "env_check"
 # Checks that fail when a validator could not run at all: the stage could not judge.
@@ -29,9 +27,10 @@ UNJUDGED = {"megatron.available", "sglang.flags", "rules.file"}
 
 
 @dataclass
-class Outcome:
+class EnvCheckReport:
     results: list[StageResult] = field(default_factory=list)
     bad_input: list[str] = field(default_factory=list)
+    written: list[Path] = field(default_factory=list)  # the result files, when --out was given
 
 
 @dataclass
@@ -49,7 +48,7 @@ def load_all(paths: list[Path], stage: str | None) -> tuple[list[LoadedRecipe], 
     for path in paths:
         try:
             loaded.append(load_recipe(path))
-        except RecipeErrors as errs:
+        except InvalidRecipe as errs:
             bad.extend(str(e) for e in errs.errors)
     return loaded, bad
 
@@ -59,10 +58,10 @@ def _prepare(
 ) -> tuple[_Validators, dict[int, dict[str, list[str]]]]:
     """Import megatron-core while SGLang's worker imports, then collect SGLang's verdicts."""
     validators = _Validators()
-    miles = [i for i, s in enumerate(subjects) if s.recipe.engine == "miles"]
-    flags = {i: sglang_words(subjects[i].args) for i in miles}
+    stack = [i for i, s in enumerate(subjects) if s.engine.trainer_stack_checks]
+    flags = {i: sglang_words(subjects[i].args) for i in stack}
     try:
-        if miles:
+        if stack:
             start = time.perf_counter()
             try:
                 validators.megatron = layout.load_megatron()
@@ -87,7 +86,7 @@ def static_checks(
     subject: Subject, validators: _Validators, flags: dict[str, list[str]] | None, index: int
 ) -> list[Check]:
     checks = layout.arithmetic_checks(subject)
-    if subject.recipe.engine == "miles":
+    if subject.engine.trainer_stack_checks:
         if validators.megatron is not None:
             checks += layout.megatron_checks(subject, validators.megatron)
         else:
@@ -111,7 +110,7 @@ def static_checks(
     checks += context.context_checks(subject)
     checks += context.batch_checks(subject)
     global_batch = context.global_batch(subject)
-    if validators.megatron is not None and subject.recipe.engine == "miles" and global_batch:
+    if validators.megatron is not None and subject.engine.trainer_stack_checks and global_batch:
         micro = layout.microbatch_check(subject, validators.megatron, global_batch)
         if micro is not None:
             checks.append(micro)
@@ -129,39 +128,54 @@ def _summary(checks: list[Check]) -> dict[str, Any]:
     }
 
 
-def build_result(
-    subject: Subject, checks: list[Check], template: Provenance, static: bool, extra: dict[str, Any]
-) -> StageResult:
-    """`template`: provenance shared by the recipes of one call (packages, host, revision)."""
+def judge(subject: Subject, checks: list[Check], static: bool, extra: dict[str, Any]) -> Judgement:
+    """A check that could not run at all makes the stage unable to judge (status error)."""
     unjudged = [c for c in checks if not c.ok and c.id in UNJUDGED]
-    status = "error" if unjudged else status_from_checks(checks)
     summary = {**_summary(checks), "static": static, "stage_overlay": subject.stage, **extra}
     errors = [c for c in checks if not c.ok and c.severity == "error"]
-    if unjudged:
-        message = unjudged[0].message
-    elif errors:
+    if errors:
         message = f"{len(errors)} error(s): " + "; ".join(
             f"{c.id}: {c.message}" for c in errors[:3]
         )
     else:
         message = f"no error; {summary['warnings']} warning(s)"
-    prov = template.model_copy(
-        update={
-            "recipe": subject.recipe.name,
-            "recipe_path": str(subject.loaded.path),
-            "recipe_sha256": subject.loaded.sha256,
-            "finished": now_iso(),
-        }
-    )
-    return StageResult(
-        stage=STAGE,
-        recipe=subject.recipe.name,
-        status=status,
+    return Judgement(
         checks=checks,
         summary=summary,
-        provenance=prov,
         message=message,
+        error=unjudged[0].message if unjudged else None,
     )
+
+
+def env_check_stage(
+    subject: Subject,
+    validators: _Validators,
+    flags: dict[str, list[str]] | None,
+    index: int,
+    static: bool,
+    found: dict[str, Any] | None,
+) -> Stage:
+    """env_check of one recipe as a Stage: it launches nothing; it runs the checks and writes
+    the report lines beside its result as the stage log."""
+
+    def execute(request: StageRequest) -> Verdict:
+        checks = static_checks(subject, validators, flags, index)
+        extra: dict[str, Any] = {"timings": validators.timings}
+        gpu = None
+        if not static and found is not None:
+            from recipeval.checks.live import live_checks
+
+            checks += live_checks(subject, found)
+            extra["probe"] = found
+            names = sorted({d.get("name") for d in (found.get("torch") or {}).get("devices", [])})
+            gpu = ", ".join(n for n in names if n) or None
+        judgement = judge(subject, checks, static, extra)
+        if request.out is not None:
+            lines = report_lines(judgement.status, subject.recipe.name, judgement.verdict, checks)
+            atomic_write_text(request.artifact(".log"), "\n".join(lines) + "\n")
+        return Verdict(judgement, gpu=gpu)
+
+    return Stage(name=STAGE, execute=execute)
 
 
 def env_check(
@@ -169,94 +183,75 @@ def env_check(
     static: bool = True,
     stage: str | None = None,
     found: dict[str, Any] | None = None,
-) -> Outcome:
-    """Check every recipe; `found` is a probe already taken (else one is taken when not static)."""
-    started = now_iso()
+    out: Path | None = None,
+) -> EnvCheckReport:
+    """Check every recipe, each through the stage driver; `found` is a probe already taken
+    (else one is taken when not static); `out` as output_paths says (None: write nothing)."""
     # SGLang's worker starts before anything else: its import is the longest single step and
     # overlaps recipe loading and megatron-core's import here; stopped unused if no recipe has
     # --sglang-* flags.
     checker = FlagChecker()
     try:
         loaded, bad = load_all(paths, stage)
+        files = (
+            output_paths([item.recipe.name for item in loaded], out) if out is not None else None
+        )
     except BaseException:
         checker.close()
         raise
-    outcome = Outcome(bad_input=bad)
+    report = EnvCheckReport(bad_input=bad)
     subjects = [Subject.of(item, stage or STAGE) for item in loaded]
     validators, flags = _prepare(subjects, checker)
     if not static and found is None and subjects:
         from recipeval.checks.probe import probe
 
         found = probe()
-    template = provenance("", "", STAGE, None, started)
     for index, subject in enumerate(subjects):
-        checks = static_checks(subject, validators, flags.get(index), index)
-        extra: dict[str, Any] = {"timings": validators.timings}
-        if not static and found is not None:
-            from recipeval.checks.live import live_checks
+        result_file = files[index] if files is not None else None
+        request = StageRequest(
+            stage=STAGE,
+            loaded=subject.loaded,
+            out=result_file.parent if result_file else None,
+            result_file=result_file,
+        )
+        env_stage = env_check_stage(subject, validators, flags.get(index), index, static, found)
+        report.results.append(run(env_stage, request))
+        if result_file is not None:
+            report.written.append(result_file)
+    return report
 
-            checks += live_checks(subject, found)
-            extra["probe"] = found
-        result = build_result(subject, checks, template, static, extra)
-        if found is not None and not static:
-            names = sorted({d.get("name") for d in (found.get("torch") or {}).get("devices", [])})
-            result.provenance.gpu = ", ".join(n for n in names if n) or None
-        outcome.results.append(result)
-    return outcome
 
-
-def output_paths(results: list[StageResult], out: Path) -> list[Path]:
+def output_paths(names: list[str], out: Path) -> list[Path]:
     """--out FILE.json (one recipe), DIR/env_check.json (one recipe), or
-    DIR/<recipe>/env_check.json (several)."""
+    DIR/<recipe>/env_check.json (several); UsageError when that cannot hold them."""
     if out.suffix == ".json":
-        if len(results) > 1:
-            raise ValueError(
+        if len(names) > 1:
+            raise UsageError(
                 f"--out {out}: a .json file holds one recipe's result; give a folder "
-                f"for {len(results)} recipes"
+                f"for {len(names)} recipes"
             )
         return [out]
-    if len(results) == 1:
+    if len(names) == 1:
         return [out / f"{STAGE}.json"]
-    names = [r.recipe for r in results]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(
+        raise UsageError(
             f"recipes share the name {', '.join(duplicates)}: their results would "
             "overwrite each other in --out; check them in separate calls"
         )
-    return [out / r.recipe / f"{STAGE}.json" for r in results]
+    return [out / name / f"{STAGE}.json" for name in names]
 
 
-def report_lines(result: StageResult) -> list[str]:
-    lines = [
-        f"{STAGE} {result.status}: {result.recipe}: {result.message.splitlines()[0] if result.message else ''}"
-    ]
-    for check in result.checks:
+def report_lines(status: str, recipe: str, message: str, checks: list[Check]) -> list[str]:
+    lines = [f"{STAGE} {status}: {recipe}: {message.splitlines()[0] if message else ''}"]
+    for check in checks:
         if not check.ok and check.severity != "info":
             lines.append(f"  {check.severity.upper():7} {check.id}: {check.message}")
     return lines
 
 
-def write_outputs(outcome: Outcome, out: Path) -> list[Path]:
-    paths = output_paths(outcome.results, out)
-    for result, path in zip(outcome.results, paths):
-        log = path.with_suffix(".log")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = log.with_name(f".{log.name}.tmp")
-        tmp.write_text("\n".join(report_lines(result)) + "\n")
-        tmp.replace(log)
-        result.artifacts["log"] = str(log)
-        write_result(result, path)
-    return paths
-
-
-def exit_code(outcome: Outcome, exit_zero: bool) -> int:
-    """0 pass, 1 an error-severity check failed, 2 unusable input, 3 could not judge."""
-    if outcome.bad_input:
-        return 2
-    if exit_zero:
-        return 0
-    statuses = {r.status for r in outcome.results}
-    if "error" in statuses:
-        return 3
-    return 1 if "fail" in statuses else 0
+def exit_status(report: EnvCheckReport, exit_zero: bool) -> int:
+    """2 when a recipe could not be read, else the stage results' code (exit_codes)."""
+    if report.bad_input:
+        return EXIT_BAD_INPUT
+    return exit_code([r.status for r in report.results], exit_zero)

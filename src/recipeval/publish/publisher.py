@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from recipeval.analysis.regression import RegressionSettings
+from recipeval.atomic import atomic_write_text
+from recipeval.exit_codes import FAILING_VERDICTS
 from recipeval.publish import history, tables
 from recipeval.publish.compare import RecipeVerdict, judge_run
 from recipeval.publish.figures import all_figures, write_figures
@@ -17,9 +18,6 @@ from recipeval.publish.junit import write_junit
 from recipeval.publish.page import render_page
 from recipeval.publish.records import RunRecord, build_record, collect_results
 from recipeval.result import StageResult, now_iso
-
-# Recipe statuses that make a nightly fail.
-BAD = ("failed", "regressed")
 
 
 class PublishError(Exception):
@@ -40,26 +38,23 @@ class PublishOutputs:
 
     @classmethod
     def under(cls, results: Path, history_dir: Path | None = None) -> PublishOutputs:
-        return cls(results / "tables", history_dir or results / "history", results / "junit.xml",
-                   results / "regression.json")
+        return cls(
+            results / "tables",
+            history_dir or results / "history",
+            results / "junit.xml",
+            results / "regression.json",
+        )
 
 
 @dataclass
-class PublishOutcome:
+class PublishReport:
     records: list[RunRecord]
     verdicts: dict[str, RecipeVerdict]
     added_to_history: int
 
     @property
     def ok(self) -> bool:
-        return not any(v.status in BAD for v in self.verdicts.values())
-
-
-def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+        return not any(v.status in FAILING_VERDICTS for v in self.verdicts.values())
 
 
 def _stage_results(inputs: list[Path]) -> dict[str, list[StageResult]]:
@@ -76,7 +71,7 @@ def _stage_results(inputs: list[Path]) -> dict[str, list[StageResult]]:
     return dict(sorted(grouped.items()))
 
 
-def verdict_document(outcome: PublishOutcome, generated: str) -> dict:
+def verdict_document(outcome: PublishReport, generated: str) -> dict:
     return {
         "generated": generated,
         "ok": outcome.ok,
@@ -86,31 +81,35 @@ def verdict_document(outcome: PublishOutcome, generated: str) -> dict:
 
 def publish(
     inputs: list[Path], out: PublishOutputs, settings: RegressionSettings, plots: bool = True
-) -> PublishOutcome:
+) -> PublishReport:
     grouped = _stage_results(inputs)
     records = [build_record(results) for results in grouped.values()]
     added = sum(history.append(out.history, rec) for rec in records)
     runs = history.load(out.history)
     verdicts = {rec.run_id: judge_run(rec, runs, settings) for rec in records}
-    outcome = PublishOutcome(records, verdicts, added)
+    outcome = PublishReport(records, verdicts, added)
     generated = now_iso()
     frame = tables.table(records, verdicts)
     history_frame = history.to_frame(runs)
-    _write_text(out.tables / "benchmarks.md", tables.to_markdown(frame))
-    _write_text(out.tables / "benchmarks.csv", frame.to_csv(index=False))
+    atomic_write_text(out.tables / "benchmarks.md", tables.to_markdown(frame))
+    atomic_write_text(out.tables / "benchmarks.csv", frame.to_csv(index=False))
     figures = None
     if plots:
         stage_results = [r for results in grouped.values() for r in results]
         figures = all_figures(records, verdicts, history_frame, stage_results)
         write_figures(figures, out.plots)
-    _write_text(out.tables / "benchmarks.html", render_page(records, verdicts, frame, generated, figures))
+    atomic_write_text(
+        out.tables / "benchmarks.html", render_page(records, verdicts, frame, generated, figures)
+    )
     history.write_parquet(runs, out.history / history.PARQUET_NAME)
     write_junit(records, verdicts, out.junit)
-    _write_text(out.verdict, json.dumps(verdict_document(outcome, generated), indent=1, default=str) + "\n")
+    atomic_write_text(
+        out.verdict, json.dumps(verdict_document(outcome, generated), indent=1, default=str) + "\n"
+    )
     return outcome
 
 
-def summary_lines(outcome: PublishOutcome) -> list[str]:
+def summary_lines(outcome: PublishReport) -> list[str]:
     """What a terminal or a CI log shows: one line per recipe, then what changed."""
     lines = []
     for verdict in outcome.verdicts.values():

@@ -1,0 +1,25 @@
+"""Write a file so that a reader never sees half of it: write beside it, then rename over it
+(a rename within one folder is atomic), so a crash leaves the old file or the new one."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def atomic_write(path: Path, write: Callable[[Path], object]) -> Path:
+    """`write(tmp)` writes the content to a temporary name beside `path`; then it replaces
+    `path`. The temporary file is removed when `write` fails."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

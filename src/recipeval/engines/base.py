@@ -1,0 +1,67 @@
+"""The engine interface: what the rest of recipeval may ask of an engine. Stages, checks and
+the CLI hold an `Engine` (from `recipeval.engines.engine_for`) and ask it; none of them compares
+an engine's name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from recipeval.engines.launch import Launch
+from recipeval.recipe.resolve import Resolved
+
+if TYPE_CHECKING:  # rendering never needs pandas; only a parser's table does
+    import pandas as pd
+
+
+class LogParser(Protocol):
+    """An incremental log parser: feed lines as they arrive, read the step table any time."""
+
+    lines: int
+    malformed: list[Any]  # the records it could not read, in order
+
+    def feed(self, line: str) -> int | None: ...
+
+    def table(self) -> pd.DataFrame: ...
+
+    @property
+    def malformed_count(self) -> int: ...
+
+
+Render = Callable[[Resolved, Mapping[str, str] | None], Launch]
+# Builds a parser for one launch's log; None: a log with no recipe at hand (parse-log).
+ParserFactory = Callable[[Resolved | None], LogParser]
+# Extra flags for a launch: the path a per-token dump goes to, or the dump to re-score.
+DumpArgs = Callable[[Path], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One trainer recipeval can launch and judge. A capability an engine lacks is None."""
+
+    name: str
+    render: Render
+    parser: ParserFactory
+    # Flags that make a run dump every token's train and rollout logprob to a parquet file.
+    dump_args: DumpArgs | None = None
+    # Flags that make a one-rollout run score a dump's responses instead of sampling its own.
+    rescore_args: DumpArgs | None = None
+    # Its layout and flags are the trainer stack's (megatron-core, SGLang): env_check runs them
+    # through that stack's own validation.
+    trainer_stack_checks: bool = False
+    # Python distributions a node needs to run it (the live probe looks for them).
+    packages: tuple[str, ...] = ()
+    # Slots for importing an existing run and following its drift (filled in by the engines
+    # that have them).
+    importer: Callable[..., Any] | None = None
+    drift: Callable[..., Any] | None = None
+
+    @property
+    def token_dumps(self) -> bool:
+        return self.dump_args is not None
+
+    @property
+    def rescoring(self) -> bool:
+        return self.rescore_args is not None

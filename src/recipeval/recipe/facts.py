@@ -1,0 +1,40 @@
+"""The facts about a recipe that publish shows beside its results (platform, GPUs, layout,
+response length, every value), taken when a stage runs, so publish never reads recipe files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from recipeval.recipe.resolve import Resolved
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings -> {"a.b.c": leaf}; lists stay leaves."""
+    if not isinstance(data, dict):
+        return {prefix: data} if prefix else {}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name))
+        else:
+            out[name] = value
+    return out
+
+
+def recipe_facts(resolved: Resolved) -> dict[str, Any]:
+    """What publish's records keep of the recipe as this stage ran it."""
+    recipe = resolved.recipe
+    max_len = resolved.arg("rollout-max-response-len")
+    values = recipe.model_dump(mode="json", exclude={"extends", "description"})
+    return {
+        "platform": recipe.platform,
+        "gpu": recipe.cluster.gpu,
+        "nodes": recipe.cluster.nodes,
+        "gpus_per_node": recipe.cluster.gpus_per_node,
+        "layout": recipe.parallel.layout,
+        "max_response_len": int(max_len)
+        if isinstance(max_len, int | float) and not isinstance(max_len, bool)
+        else None,
+        "recipe_values": flatten(values),
+    }
