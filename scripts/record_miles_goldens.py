@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from recipeval.engines.miles.record import RecordError, record_at_commit
-from recipeval.recipe import RecipeErrors, load_recipe
+from recipeval.recipe import InvalidRecipe, load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ def miles_recipes(folder: Path) -> list[Path]:
     for path in sorted(folder.rglob("*.yaml")):
         try:
             recipe = load_recipe(path).recipe
-        except RecipeErrors:
+        except InvalidRecipe:
             continue
         if recipe.engine == "miles":
             found.append(path)

@@ -10,7 +10,7 @@ from conftest import RECIPES, REPO
 
 from recipeval.engines.miles.flags import Difference, launch_differences
 from recipeval.engines.miles.record import MILES_PLACEHOLDER, Recording
-from recipeval.recipe import RecipeErrors, load_recipe
+from recipeval.recipe import InvalidRecipe, load_recipe
 
 GOLDENS = REPO / "tests" / "golden" / "miles"
 ALLOWED_FILE = GOLDENS / "allowed.yaml"
@@ -25,7 +25,7 @@ def miles_recipes() -> list[Path]:
         try:
             if load_recipe(path).recipe.engine == "miles":
                 found.append(path)
-        except RecipeErrors:
+        except InvalidRecipe:
             continue
     return found
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from publish_fixtures import AMD_RECIPE, night, write_run
 
 from recipeval.analysis.regression import RegressionSettings
-from recipeval.publish.run import PublishOutputs, publish
+from recipeval.publish.publisher import PublishOutputs, publish
 from recipeval.publish.summary import verdict_lines
 
 

@@ -16,7 +16,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from recipeval.errors import RecipeError, SettingError, UsageError
-from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_FAIL
+from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK
 
 app = typer.Typer(
     name="recipeval",
@@ -434,7 +434,7 @@ def import_miles(
 
     from recipeval.engines.miles.importer import ImportProblem, ImportRequest, import_recipe
     from recipeval.engines.miles.record import RecordError, find_checkout
-    from recipeval.recipe import RecipeErrors
+    from recipeval.recipe import InvalidRecipe
 
     checkout = miles or (Path(os.environ["MILES_DIR"]) if os.environ.get("MILES_DIR") else None)
     checkout = checkout or find_checkout(Path(script).resolve().parent)
@@ -443,7 +443,7 @@ def import_miles(
     request = ImportRequest(checkout, script, list(script_args or []), name, platform, gpu, extends, out)
     try:
         result = import_recipe(request)
-    except (RecordError, ImportProblem, RecipeError, RecipeErrors) as err:
+    except (RecordError, ImportProblem, RecipeError, InvalidRecipe) as err:
         _die(str(err))
     if out is None:
         print(result.text, end="")
@@ -466,7 +466,7 @@ def drift(
     import os
 
     from recipeval.engines.miles.drift import DriftInputError, drift_for_recipe
-    from recipeval.recipe import RecipeErrors, load_recipe
+    from recipeval.recipe import InvalidRecipe, load_recipe
 
     if against is not None and len(recipes) != 1:
         _die("--against compares one recipe with one recorded launch; name a single recipe")
@@ -474,7 +474,7 @@ def drift(
     for path in recipes:
         try:
             reports.append(drift_for_recipe(load_recipe(path), os.environ, miles, against))
-        except RecipeErrors as errs:
+        except InvalidRecipe as errs:
             bad += 1
             print("\n".join(f"recipeval: {e}" for e in errs.errors), file=sys.stderr)
         except DriftInputError as err:

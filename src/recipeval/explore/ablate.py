@@ -229,7 +229,7 @@ def static_judge() -> Judge:
     import dataclasses
 
     from recipeval.checks import layout
-    from recipeval.checks.run import _Validators, static_checks
+    from recipeval.checks.env_check import _Validators, static_checks
     from recipeval.checks.subject import Subject
     from recipeval.recipe import resolve
 
