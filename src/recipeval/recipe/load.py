@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from recipeval.errors import RecipeError
+from recipeval.recipe.exec_env import refused_exec_env
 from recipeval.recipe.schema import Recipe
 from recipeval.recipe.yamlfile import KeyPath, Origin, read_yaml_mapping
 
@@ -116,9 +117,17 @@ def deep_merge(
     return out
 
 
+# An `extends` chain longer than this, or more files read for one recipe (a parent listed
+# many times at many levels multiplies the reads), is a mistake or an attack, not a recipe.
+MAX_EXTENDS_DEPTH = 16
+MAX_RECIPE_FILES = 64
+
+
 def _read_chain(
-    file: Path, stack: tuple[Path, ...]
+    file: Path, stack: tuple[Path, ...], budget: list[int] | None = None,
 ) -> tuple[dict[str, Any], dict[KeyPath, Origin], list[Path]]:
+    budget = [MAX_RECIPE_FILES] if budget is None else budget
+    budget[0] -= 1
     data, origins = read_yaml_mapping(file)
     parents = data.pop("extends", None)
     if parents is None:
@@ -132,15 +141,25 @@ def _read_chain(
     merged_origins: dict[KeyPath, Origin] = {}
     files = [file]
     for rel in parents:
-        parent = (file.parent / rel).resolve()
+        try:  # a NUL byte or an over-long name is bad input, not a crash
+            parent = (file.parent / rel).resolve()
+            parent.is_file()
+        except (OSError, ValueError) as err:
+            raise RecipeError(file, f"parent recipe {rel[:100]!r} is not a usable path: {err}",
+                              "extends", line) from None
         if parent in stack or parent == file:
             cycle = " -> ".join(str(p) for p in (*stack, file, parent))
             raise RecipeError(file, f"extends cycle: {cycle}", "extends", line)
+        if len(stack) + 1 >= MAX_EXTENDS_DEPTH:
+            raise RecipeError(file, f"extends chain longer than {MAX_EXTENDS_DEPTH} files", "extends", line)
+        if budget[0] <= 0:
+            raise RecipeError(file, f"extends reads more than {MAX_RECIPE_FILES} files for one recipe",
+                              "extends", line)
         if not parent.is_file():
             raise RecipeError(
                 file, f"parent recipe {rel!r} not found (looked for {parent})", "extends", line
             )
-        pdata, porigins, pfiles = _read_chain(parent, (*stack, file))
+        pdata, porigins, pfiles = _read_chain(parent, (*stack, file), budget)
         # `name` belongs to the file that declares it; a child never inherits its parent's.
         pdata.pop("name", None)
         merged = deep_merge(merged, pdata, merged_origins, porigins)
@@ -246,7 +265,7 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
             for loc, message in _messages(exc)
         ]) from None
     loaded = LoadedRecipe(recipe=recipe, path=file, files=files, origins=loaded_origins)
-    problems = _cross_checks(recipe)
+    problems = _cross_checks(recipe) + refused_exec_env(recipe)
     if problems:
         raise RecipeErrors([loaded.error(key, msg) for key, msg in problems])
     return loaded
