@@ -15,6 +15,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from recipeval.errors import RecipeError, SettingError, UsageError
+from recipeval.outpath import out_folder, out_json_or_folder
 
 app = typer.Typer(
     name="recipeval",
@@ -122,7 +123,8 @@ def schema() -> None:
 StageRecipeArg = Annotated[Path | None, typer.Argument(help="recipe YAML file", show_default=False)]
 RecipeOpt = Annotated[Path | None, typer.Option("--recipe", help="recipe YAML file (or positional)")]
 OutOpt = Annotated[
-    Path | None, typer.Option("--out", help="results folder for this recipe [default: results/<recipe name>]")
+    Path | None, typer.Option("--out", parser=out_folder,
+                              help="results folder for this recipe [default: results/<recipe name>]")
 ]
 RunnerOpt = Annotated[
     str | None, typer.Option("--runner", help="local | ray | slurm (default: slurm in an allocation, ray when installed, else local)")
@@ -222,7 +224,7 @@ def env_check(
     static: Annotated[bool, typer.Option("--static", help="no live probe of this machine")] = False,
     stage: StageOpt = None,
     out: Annotated[Path | None, typer.Option(
-        "--out", help="FILE.json (one recipe); or a folder: DIR/env_check.json for one recipe, "
+        "--out", parser=out_json_or_folder, help="FILE.json (one recipe); or a folder: DIR/env_check.json for one recipe, "
         "DIR/<recipe-name>/env_check.json for several (each with an env_check.log beside it)",
     )] = None,
     exit_zero: ExitZeroOpt = False,
