@@ -39,7 +39,7 @@ _NOT_SECRET = frozenset({"PWD", "OLDPWD"})
 # Value shapes that are secrets whatever they are called.
 VALUE_PATTERNS: tuple[re.Pattern[str], ...] = (
     # user:password@ inside a URL (scheme and host stay readable).
-    re.compile(r"(?<=://)[^/\s:@'\"]*:[^/\s@'\"]+(?=@)"),
+    re.compile(r"(?<=://)[^/\s:@'\"\\]*:[^/\s@'\"\\]+(?=@)"),
     re.compile(r"\bhf_[A-Za-z0-9]{20,}"),  # Hugging Face
     re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"),  # GitHub
     re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"),
@@ -154,13 +154,17 @@ def fingerprint(value: Any) -> str:
     return f"{FINGERPRINT_PREFIX}{digest[:12]}"
 
 
+def is_fingerprint(value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(rf"{FINGERPRINT_PREFIX}[0-9a-f]{{12}}", value) is not None
+
+
 def fingerprint_secrets(values: Mapping[str, Any]) -> dict[str, Any]:
     """Flattened recipe facts (`env.HF_TOKEN`, `args.wandb-key`, ...) with every secret
     value (by the last name part or by shape) replaced by its fingerprint."""
     out: dict[str, Any] = {}
     for key, value in values.items():
         leaf = key.rsplit(".", 1)[-1]
-        if value is None or isinstance(value, bool):
+        if value is None or isinstance(value, bool) or is_fingerprint(value):
             out[key] = value
         elif is_secret_name(leaf) or _has_secret_shape_in(value):
             out[key] = fingerprint(value)

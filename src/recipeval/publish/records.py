@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from recipeval.recipe import RecipeErrors, load_recipe
 from recipeval.recipe.schema import STAGES
 from recipeval.result import StageResult, read_result
+from recipeval.secrets import fingerprint_secrets
 
 RECORD_SCHEMA = 1
 # Provenance fields "what changed" compares besides packages.
@@ -131,7 +132,7 @@ def _recipe_facts(path: str | None, sha256: str) -> dict[str, Any]:
         "gpus_per_node": recipe.cluster.gpus_per_node,
         "layout": f"TP{par.tp}/PP{par.pp}/CP{par.cp}/EP{par.ep}/ETP{par.etp}",
         "max_response_len": int(max_len) if isinstance(max_len, int | float) else None,
-        "recipe_values": flatten(values),
+        "recipe_values": fingerprint_secrets(flatten(values)),
     }
 
 

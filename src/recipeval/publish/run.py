@@ -17,6 +17,7 @@ from recipeval.publish.junit import write_junit
 from recipeval.publish.page import render_page
 from recipeval.publish.records import RunRecord, build_record, collect_results
 from recipeval.result import StageResult, now_iso
+from recipeval.secrets import scrub, secret_values
 
 # Recipe statuses that make a nightly fail.
 BAD = ("failed", "regressed")
@@ -58,7 +59,7 @@ class PublishOutcome:
 def _write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    tmp.write_text(scrub(text, secret_values()))
     os.replace(tmp, path)
 
 
@@ -73,6 +74,11 @@ def _stage_results(inputs: list[Path]) -> dict[str, list[StageResult]]:
         raise PublishError(f"unreadable stage result: {first}") from None
     if not grouped:
         raise PublishError("no stage results found in " + ", ".join(map(str, inputs)))
+    for name, results in grouped.items():
+        try:
+            history.check_name(name)
+        except history.UnsafeName as err:
+            raise PublishError(f"{results[0].provenance.recipe_path or 'a stage result'}: {err}") from None
     return dict(sorted(grouped.items()))
 
 
@@ -104,7 +110,7 @@ def publish(
         figures = all_figures(records, verdicts, history_frame, stage_results)
         write_figures(figures, out.plots)
     _write_text(out.tables / "benchmarks.html", render_page(records, verdicts, frame, generated, figures))
-    history.write_parquet(runs, out.history / history.PARQUET_NAME)
+    history.rebuild_parquet(out.history)
     write_junit(records, verdicts, out.junit)
     _write_text(out.verdict, json.dumps(verdict_document(outcome, generated), indent=1, default=str) + "\n")
     return outcome
@@ -121,4 +127,4 @@ def summary_lines(outcome: PublishOutcome) -> list[str]:
             lines.append(f"          {m.kind} {m.metric}: {m.reason}")
         for c in verdict.changes:
             lines.append(f"          changed {c.kind} {c.key}: {c.before} -> {c.after}")
-    return lines
+    return [scrub(line, secret_values()) for line in lines]
