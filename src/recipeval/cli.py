@@ -93,6 +93,7 @@ def render(
         str | None, typer.Option(help="a logprob_diff variant overlay")
     ] = None,
     fmt: Annotated[RenderFormat, typer.Option("--format", help="shell script or JSON")] = RenderFormat.shell,
+    redact: Annotated[bool, typer.Option("--redact", help="show secrets (by name or shape) as ***")] = False,
 ) -> None:
     """Print the exact launch for a recipe (no shell ever interprets a recipe value)."""
     from recipeval.engines import render as render_launch
@@ -106,6 +107,8 @@ def render(
         _die(f"{recipe}: {err.args[0]}")
     except SettingError as err:
         _die(str(loaded.error(err.key, err.message)))
+    if redact:
+        launch = launch.redacted()
     print(launch.to_json() if fmt is RenderFormat.json else launch.to_shell(), end="")
     if fmt is RenderFormat.json:
         print()
