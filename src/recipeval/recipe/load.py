@@ -83,7 +83,7 @@ class LoadedRecipe:
 
 # Optional top-level keys added to the format later: unset, they stay out of the identity,
 # so a new key in the schema does not change the hash of every existing recipe.
-_UNSET_NOT_HASHED = ("sweep",)
+_UNSET_NOT_HASHED = ("sweep", "allow_exec_env")
 
 
 def canonical_json(recipe: Recipe) -> str:
@@ -91,7 +91,7 @@ def canonical_json(recipe: Recipe) -> str:
     provenance, not a setting: naming the upstream commit leaves the identity unchanged."""
     data = recipe.model_dump(mode="json", exclude={"extends", "source"})
     for key in _UNSET_NOT_HASHED:
-        if data.get(key) is None:
+        if data.get(key) in (None, []):
             data.pop(key, None)
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
