@@ -190,7 +190,8 @@ def _describe(err: dict[str, Any], model_fields: list[str] | None) -> str:
     msg = msg.removeprefix("Value error, ")
     value = err.get("input")
     if kind not in ("missing",) and not isinstance(value, dict | list):
-        msg += f" (got {value!r})"
+        shown = repr(value)
+        msg += f" (got {shown if len(shown) <= 80 else shown[:60] + f'... ({len(shown)} chars)'})"
     return msg
 
 
