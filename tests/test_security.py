@@ -397,3 +397,57 @@ def test_case6_concurrent_publishes_lose_nothing(tmp_path):
     table = pd.read_parquet(history / "history.parquet")
     assert table["run_id"].nunique() == 5
     assert len(list(history.glob("*/*.json"))) == 5
+
+
+RACE = """
+import sys, time
+from pathlib import Path
+from recipeval.publish import history
+from recipeval.publish.records import RunRecord
+folder, n, signals = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+record = RunRecord(run_id=f"{n:016x}", recipe="r", recipe_sha256="0" * 64,
+                   date=f"2026-11-0{n + 1}T00:00:00+00:00", metrics={"bench.x": float(n)})
+
+
+def wait_for(*names, limit=60.0):
+    end = time.monotonic() + limit
+    while not all((signals / name).exists() for name in names) and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+real_load = history.load
+
+
+def slow_load(folder):
+    # publish 0 has read the runs, then draws plots while the others publish
+    runs = real_load(folder)
+    (signals / "loaded").touch()
+    wait_for(*(f"appended-{k}" for k in range(1, 5)))
+    wait_for(*(f"rebuilt-{k}" for k in range(1, 5)), limit=3.0)  # blocked behind a lock
+    return runs
+
+
+if n == 0:
+    history.load = slow_load
+else:
+    wait_for("loaded")
+history.append(folder, record)
+(signals / f"appended-{n}").touch()
+history.rebuild_parquet(folder)
+(signals / f"rebuilt-{n}").touch()
+"""
+
+
+def test_case6_parquet_rebuild_keeps_runs_added_meanwhile(tmp_path):
+    """Publish 0 reads the runs, then is slow; publishes 1-4 add theirs and rebuild meanwhile.
+    Without the lock publish 0 wrote the table last, from its stale read (runs lost); with it,
+    the others wait and the final table holds all five."""
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path / "h"), str(n), str(signals)],
+                              env=clean_env(), stderr=subprocess.PIPE, text=True) for n in range(5)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    assert sorted(pd.read_parquet(tmp_path / "h" / "history.parquet")["run_id"]) == [
+        f"{n:016x}" for n in range(5)]
