@@ -3,6 +3,7 @@ here, through the real CLI (subprocesses, as users and Snakemake run it)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -347,6 +348,7 @@ def test_case3_kill_9_of_smoke_leaves_no_engine(tmp_path):
          str(tmp_path / "out")], env=clean_env(), cwd=tmp_path, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
+    engines: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 60
         while not (engines := _engines(stage)):
@@ -359,6 +361,9 @@ def test_case3_kill_9_of_smoke_leaves_no_engine(tmp_path):
         assert not alive, "the engine outlived its stage"
     finally:
         kill_session(stage)
+        for engine in engines:  # a failed test leaves nothing running either
+            with contextlib.suppress(psutil.Error):
+                engine.kill()
 
 
 # --- cases 4 and 6: publish paths and concurrency --------------------------------------------
