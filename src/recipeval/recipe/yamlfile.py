@@ -171,7 +171,10 @@ def read_yaml_mapping(file: Path) -> tuple[dict[str, Any], dict[KeyPath, Origin]
         not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()
     ):
         raise RecipeError(file, "empty file, expected a YAML mapping with at least `name` or `extends`")
-    loader = _BoundedLoader(text)
+    try:
+        loader = _BoundedLoader(text)
+    except yaml.YAMLError as err:  # the reader refuses control characters at once
+        raise RecipeError(file, f"YAML error: {' '.join(str(err).split())}") from None
     origins: dict[KeyPath, Origin] = {}
     try:
         node = loader.get_single_node()
