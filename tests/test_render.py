@@ -73,8 +73,12 @@ def test_pr_recipe_renders_the_launch_of_pr_2139(cli):
     assert {k: env[k] for k in pr_env} == pr_env
     assert {k: launch["env"][k] for k in pr_env} == pr_env
     assert launch["resources"] == {"nodes": 4, "gpus_per_node": 8}
-    runtime_json = next(a for a in argv if a.startswith("--runtime-env-json="))
-    assert json.loads(runtime_json.split("=", 1)[1]) == launch["runtime_env"]
+    # The one difference from miles' launcher: the runtime env (secrets included) reaches Ray
+    # through an owner-only file, never as --runtime-env-json in argv, where `ps` shows it.
+    assert not any(a.startswith("--runtime-env-json") for a in argv)
+    env_file = launch["extra"]["runtime_env_file"]
+    assert f"--runtime-env={env_file}" in argv[:sep]
+    assert env_file == "results/deepseek-v4-flash-4node-mi355x/launch.runtime_env.json"
 
 
 def test_pr_recipe_matches_the_upstream_launch(cli):
@@ -151,11 +155,13 @@ def test_shell_form_passes_every_word_literally(cli, hostile_recipe, tmp_path):
     )
     fake_ray.chmod(fake_ray.stat().st_mode | stat.S_IXUSR)
     env = clean_env(PATH=f"{bindir}:{os.environ['PATH']}", HOME=str(tmp_path))
-    run = subprocess.run(
-        ["bash", str(script)], check=False, env=env, capture_output=True, text=True, timeout=30
-    )
+    run = subprocess.run(["bash", str(script)], check=False, env=env, capture_output=True,
+                         text=True, timeout=30, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert json.loads(record.read_text()) == launch["argv"][1:]
+    env_file = tmp_path / launch["extra"]["runtime_env_file"]
+    assert json.loads(env_file.read_text()) == launch["runtime_env"]
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
 
 
 def test_reference_recipe_shell_form_exports_env(cli, tmp_path):

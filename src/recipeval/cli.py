@@ -17,6 +17,7 @@ import typer
 
 from recipeval.errors import RecipeError, SettingError, UsageError
 from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK
+from recipeval.outpath import out_folder, out_json_or_folder
 
 app = typer.Typer(
     name="recipeval",
@@ -89,10 +90,11 @@ def validate(
 def render(
     recipe: RecipeArg,
     stage: StageOpt = None,
-    variant: Annotated[str | None, typer.Option(help="a logprob_diff variant overlay")] = None,
-    fmt: Annotated[
-        RenderFormat, typer.Option("--format", help="shell script or JSON")
-    ] = RenderFormat.shell,
+    variant: Annotated[
+        str | None, typer.Option(help="a logprob_diff variant overlay")
+    ] = None,
+    fmt: Annotated[RenderFormat, typer.Option("--format", help="shell script or JSON")] = RenderFormat.shell,
+    redact: Annotated[bool, typer.Option("--redact", help="show secrets (by name or shape) as ***")] = False,
 ) -> None:
     """Print the exact launch for a recipe (no shell ever interprets a recipe value)."""
     from recipeval.engines import render as render_launch
@@ -106,6 +108,8 @@ def render(
         _die(f"{recipe}: {err.args[0]}")
     except SettingError as err:
         _die(str(loaded.error(err.key, err.message)))
+    if redact:
+        launch = launch.redacted()
     print(launch.to_json() if fmt is RenderFormat.json else launch.to_shell(), end="")
     if fmt is RenderFormat.json:
         print()
@@ -125,8 +129,8 @@ RecipeOpt = Annotated[
     Path | None, typer.Option("--recipe", help="recipe YAML file (or positional)")
 ]
 OutOpt = Annotated[
-    Path | None,
-    typer.Option("--out", help="results folder for this recipe [default: results/<recipe name>]"),
+    Path | None, typer.Option("--out", parser=out_folder,
+                              help="results folder for this recipe [default: results/<recipe name>]")
 ]
 RunnerOpt = Annotated[
     str | None,
@@ -256,14 +260,10 @@ def env_check(
     ] = None,
     static: Annotated[bool, typer.Option("--static", help="no live probe of this machine")] = False,
     stage: StageOpt = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out",
-            help="FILE.json (one recipe); or a folder: DIR/env_check.json for one recipe, "
-            "DIR/<recipe-name>/env_check.json for several (each with an env_check.log beside it)",
-        ),
-    ] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", parser=out_json_or_folder, help="FILE.json (one recipe); or a folder: DIR/env_check.json for one recipe, "
+        "DIR/<recipe-name>/env_check.json for several (each with an env_check.log beside it)",
+    )] = None,
     exit_zero: ExitZeroOpt = False,
     probe_only: Annotated[
         bool,

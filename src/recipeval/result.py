@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import getpass
-import os
 import platform
-import re
 import socket
 import subprocess
 from datetime import UTC, datetime
@@ -16,26 +14,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from recipeval.atomic import atomic_write_text
+from recipeval.secrets import scrub, secret_values
 
 Status = Literal["pass", "fail", "error", "skipped"]
 Severity = Literal["error", "warning", "info"]
 
-# Names of environment variables whose values are secrets; never written anywhere we write.
-SECRET_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH)",
-    re.IGNORECASE,
-)
-REDACTED = "***"
-
-TRACKED_PACKAGES = (
-    "recipeval",
-    "torch",
-    "transformers",
-    "megatron-core",
-    "sglang",
-    "ray",
-    "snakemake",
-)
+TRACKED_PACKAGES = ("recipeval", "torch", "transformers", "megatron-core", "sglang", "ray", "snakemake")
 
 
 class Check(BaseModel):
@@ -138,29 +122,6 @@ def _user() -> str | None:
         return getpass.getuser()
     except (KeyError, OSError):
         return None
-
-
-def redact_env(env: dict[str, str]) -> dict[str, str]:
-    """Copy of env with secret values replaced; names stay so a diff still shows them."""
-    return {k: (REDACTED if SECRET_NAME.search(k) else v) for k, v in env.items()}
-
-
-def secret_values(environ: dict[str, str] | None = None) -> list[str]:
-    """Values of secret-named variables in the environment (at least 6 chars, to avoid
-    masking common short words)."""
-    environ = dict(os.environ) if environ is None else environ
-    return sorted(
-        {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 6},
-        key=len,
-        reverse=True,
-    )
-
-
-def scrub(text: str, secrets: list[str]) -> str:
-    """Replace every secret value in text; used on logs and messages we write."""
-    for value in secrets:
-        text = text.replace(value, REDACTED)
-    return text
 
 
 def write_result(result: StageResult, path: Path) -> Path:

@@ -123,8 +123,9 @@ def batch_checks(subject: Subject) -> list[Check]:
         checks.append(
             subject.check(
                 "batch.global-batch",
-                per_rollout % given == 0,
-                f"{what} in global batches of {given}",
+                given > 0 and per_rollout % given == 0,
+                f"{what} in global batches of {given}" if given > 0
+                else f"global-batch-size {given}: a batch holds at least one sample",
                 key=subject.arg_key("global-batch-size"),
                 value=per_rollout,
                 threshold=given,

@@ -12,6 +12,7 @@ from typing import Any
 from recipeval.atomic import atomic_write_text
 from recipeval.checks import context, layout, memory, rules
 from recipeval.checks.drift import drift_check
+from recipeval.checks.exec_env import exec_env_checks
 from recipeval.checks.sglang_flags import FlagChecker, FlagReport, flag_checks, sglang_words
 from recipeval.checks.subject import Subject
 from recipeval.errors import UsageError
@@ -107,6 +108,7 @@ def static_checks(
     except rules.RuleFileError as err:
         checks.append(subject.check("rules.file", False, str(err)))
     checks += memory.memory_checks(subject)
+    checks += exec_env_checks(subject)
     checks += context.context_checks(subject)
     checks += context.batch_checks(subject)
     global_batch = context.global_batch(subject)

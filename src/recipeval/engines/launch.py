@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from recipeval.recipe.resolve import Resolved, flag_present
+from recipeval.secrets import redact_argv, redact_data, redact_env
+
+# Launch.extra key: the file argv reads the Ray runtime env from (written before the launch).
+RUNTIME_ENV_FILE = "runtime_env_file"
+_HEREDOC_END = "RECIPEVAL_RUNTIME_ENV"
 
 
 @dataclass(frozen=True)
@@ -47,8 +54,45 @@ class Launch:
         ]
         if self.argv == self.entrypoint:
             lines += [f"export {shlex.quote(k)}={shlex.quote(v)}" for k, v in self.env.items()]
+        env_file = self.extra.get(RUNTIME_ENV_FILE)
+        if env_file:
+            # One line of ASCII JSON can never equal the quoted heredoc's end word.
+            lines += [
+                "umask 077",
+                f"mkdir -p -- {shlex.quote(str(Path(env_file).parent))}",
+                f"cat > {shlex.quote(env_file)} <<'{_HEREDOC_END}'",
+                runtime_env_json(self.runtime_env),
+                _HEREDOC_END,
+            ]
         lines.append(" \\\n  ".join(shell_lines(self.argv)))
         return "\n".join(lines) + "\n"
+
+
+    def redacted(self) -> Launch:
+        """The same launch with every secret (by name or value shape) shown as ***."""
+        return replace(
+            self, argv=redact_argv(self.argv), env=redact_env(self.env),
+            entrypoint=redact_argv(self.entrypoint), runtime_env=redact_data(self.runtime_env),
+        )
+
+
+def runtime_env_json(runtime_env: dict[str, Any]) -> str:
+    return json.dumps(runtime_env, separators=(",", ":"), ensure_ascii=True)
+
+
+def write_runtime_env(launch: Launch) -> Path | None:
+    """Write the runtime env file argv names, readable by its owner only (it holds every env
+    value, secrets included); None when the launch names none."""
+    name = launch.extra.get(RUNTIME_ENV_FILE)
+    if not name:
+        return None
+    path = Path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode on O_CREAT
+        handle.write(runtime_env_json(launch.runtime_env) + "\n")
+    return path
 
 
 def shell_lines(argv: list[str]) -> list[str]:

@@ -1,22 +1,68 @@
 """The run history: one JSON file per run per recipe, never rewritten, so concurrent writers
-never lose a row; plus a consolidated Parquet rebuilt from those files for reading."""
+never lose a row; plus a consolidated Parquet rebuilt from those files, under a lock, for
+reading. Names taken from result files become paths only after they are checked, and secrets
+reach the files as fingerprints only."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
 
 from recipeval.publish.records import RunRecord
+from recipeval.secrets import fingerprint_secrets, scrub, secret_values
 
 PARQUET_NAME = "history.parquet"
+LOCK_NAME = ".lock"
+# A recipe name as the schema allows it: one path component, never `..` or absolute.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_STAMP_DROP = re.compile(r"[^0-9A-Za-z.+]")
+
+
+class UnsafeName(ValueError):
+    """A name from a result file that cannot be used as a file or folder name."""
+
+
+def check_name(name: str, what: str = "recipe") -> str:
+    """`name` when it is a plain file name (letters, digits, . _ -; not starting with a dot);
+    UnsafeName otherwise, e.g. for `../../x` or `/etc`."""
+    if not isinstance(name, str) or not SAFE_NAME.fullmatch(name):
+        raise UnsafeName(
+            f"{what} name {str(name)[:80]!r} cannot be a file name: use letters, digits, '.', '_' "
+            "and '-', starting with a letter or digit"
+        )
+    return name
 
 
 def record_path(history: Path, record: RunRecord) -> Path:
-    stamp = (record.date or "undated").replace(":", "").replace("-", "").replace("+0000", "Z")
-    return history / record.recipe / f"{stamp}-{record.run_id}.json"
+    stamp = _STAMP_DROP.sub("", record.date or "undated").replace("+0000", "Z")[:40] or "undated"
+    path = history / check_name(record.recipe) / f"{stamp}-{check_name(record.run_id, 'run id')}.json"
+    if not path.resolve().is_relative_to(history.resolve()):
+        raise UnsafeName(f"history file {path} would lie outside {history}")
+    return path
+
+
+@contextmanager
+def locked(history: Path) -> Iterator[None]:
+    """Hold the history folder's lock (flock: released by the kernel if we die)."""
+    history.mkdir(parents=True, exist_ok=True)
+    with open(history / LOCK_NAME, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _stored(record: RunRecord) -> RunRecord:
+    """The record as the history keeps it: secret recipe values as fingerprints."""
+    return record.model_copy(update={"recipe_values": fingerprint_secrets(record.recipe_values)})
 
 
 def append(history: Path, record: RunRecord) -> bool:
@@ -28,7 +74,7 @@ def append(history: Path, record: RunRecord) -> bool:
     if final.exists():
         return False
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    tmp.write_text(record.model_dump_json(indent=1) + "\n")
+    tmp.write_text(scrub(_stored(record).model_dump_json(indent=1), secret_values()) + "\n")
     try:
         os.link(tmp, final)
     except FileExistsError:
@@ -43,7 +89,8 @@ def load(history: Path) -> list[RunRecord]:
     records = []
     for file in sorted(history.glob("*/*.json")):
         try:
-            records.append(RunRecord.model_validate_json(file.read_text()))
+            # files written before secrets were fingerprinted get the same treatment on reading
+            records.append(_stored(RunRecord.model_validate_json(file.read_text())))
         except ValueError as err:
             print(
                 f"recipeval publish: skipping unreadable history file {file}: {str(err).splitlines()[0]}"
@@ -100,6 +147,13 @@ def to_frame(records: list[RunRecord]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=columns)
     frame["date"] = pd.to_datetime(frame["date"], utc=True, errors="coerce", format="ISO8601")
     return frame
+
+
+def rebuild_parquet(history: Path) -> Path:
+    """history.parquet from every JSON file there, under the folder's lock: concurrent
+    publishes each add their file first, and the last rebuild sees all of them."""
+    with locked(history):
+        return write_parquet(load(history), history / PARQUET_NAME)
 
 
 def write_parquet(records: list[RunRecord], path: Path) -> Path:

@@ -18,6 +18,7 @@ from recipeval.publish.junit import write_junit
 from recipeval.publish.page import render_page
 from recipeval.publish.records import RunRecord, build_record, collect_results
 from recipeval.result import StageResult, now_iso
+from recipeval.secrets import scrub, secret_values
 
 
 class PublishError(Exception):
@@ -57,6 +58,10 @@ class PublishReport:
         return not any(v.status in FAILING_VERDICTS for v in self.verdicts.values())
 
 
+def _write_text(path: Path, text: str) -> None:
+    atomic_write_text(path, scrub(text, secret_values()))
+
+
 def _stage_results(inputs: list[Path]) -> dict[str, list[StageResult]]:
     for path in inputs:
         if not path.exists():
@@ -68,6 +73,11 @@ def _stage_results(inputs: list[Path]) -> dict[str, list[StageResult]]:
         raise PublishError(f"unreadable stage result: {first}") from None
     if not grouped:
         raise PublishError("no stage results found in " + ", ".join(map(str, inputs)))
+    for name, results in grouped.items():
+        try:
+            history.check_name(name)
+        except history.UnsafeName as err:
+            raise PublishError(f"{results[0].provenance.recipe_path or 'a stage result'}: {err}") from None
     return dict(sorted(grouped.items()))
 
 
@@ -91,19 +101,17 @@ def publish(
     generated = now_iso()
     frame = tables.table(records, verdicts)
     history_frame = history.to_frame(runs)
-    atomic_write_text(out.tables / "benchmarks.md", tables.to_markdown(frame))
-    atomic_write_text(out.tables / "benchmarks.csv", frame.to_csv(index=False))
+    _write_text(out.tables / "benchmarks.md", tables.to_markdown(frame))
+    _write_text(out.tables / "benchmarks.csv", frame.to_csv(index=False))
     figures = None
     if plots:
         stage_results = [r for results in grouped.values() for r in results]
         figures = all_figures(records, verdicts, history_frame, stage_results)
         write_figures(figures, out.plots)
-    atomic_write_text(
-        out.tables / "benchmarks.html", render_page(records, verdicts, frame, generated, figures)
-    )
-    history.write_parquet(runs, out.history / history.PARQUET_NAME)
+    _write_text(out.tables / "benchmarks.html", render_page(records, verdicts, frame, generated, figures))
+    history.rebuild_parquet(out.history)
     write_junit(records, verdicts, out.junit)
-    atomic_write_text(
+    _write_text(
         out.verdict, json.dumps(verdict_document(outcome, generated), indent=1, default=str) + "\n"
     )
     return outcome
@@ -120,4 +128,4 @@ def summary_lines(outcome: PublishReport) -> list[str]:
             lines.append(f"          {m.kind} {m.metric}: {m.reason}")
         for c in verdict.changes:
             lines.append(f"          changed {c.kind} {c.key}: {c.before} -> {c.after}")
-    return lines
+    return [scrub(line, secret_values()) for line in lines]

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from recipeval.recipe.schema import STAGES
 from recipeval.result import StageResult, read_result
+from recipeval.secrets import fingerprint_secrets
 
 RECORD_SCHEMA = 1
 # Provenance fields "what changed" compares besides packages.
@@ -107,6 +108,8 @@ def recipe_facts(results: list[StageResult]) -> dict[str, Any]:
     facts: dict[str, Any] = {}
     for res in results:
         facts |= {k: v for k, v in res.recipe_facts.items() if k in RunRecord.model_fields}
+    if "recipe_values" in facts:
+        facts["recipe_values"] = fingerprint_secrets(facts["recipe_values"])
     return facts
 
 

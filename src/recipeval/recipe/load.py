@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from recipeval.errors import RecipeError
+from recipeval.recipe.exec_env import refused_exec_env
 from recipeval.recipe.schema import STAGES, Recipe
 from recipeval.recipe.yamlfile import KeyPath, Origin, read_yaml_mapping
 
@@ -82,7 +83,7 @@ class LoadedRecipe:
 
 # Optional top-level keys added to the format later: unset, they stay out of the identity,
 # so a new key in the schema does not change the hash of every existing recipe.
-_UNSET_NOT_HASHED = ("sweep",)
+_UNSET_NOT_HASHED = ("sweep", "allow_exec_env")
 
 
 def canonical_json(recipe: Recipe) -> str:
@@ -90,7 +91,7 @@ def canonical_json(recipe: Recipe) -> str:
     provenance, not a setting: naming the upstream commit leaves the identity unchanged."""
     data = recipe.model_dump(mode="json", exclude={"extends", "source"})
     for key in _UNSET_NOT_HASHED:
-        if data.get(key) is None:
+        if data.get(key) in (None, []):
             data.pop(key, None)
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -119,9 +120,17 @@ def deep_merge(
     return out
 
 
+# An `extends` chain longer than this, or more files read for one recipe (a parent listed
+# many times at many levels multiplies the reads), is a mistake or an attack, not a recipe.
+MAX_EXTENDS_DEPTH = 16
+MAX_RECIPE_FILES = 64
+
+
 def _read_chain(
-    file: Path, stack: tuple[Path, ...]
+    file: Path, stack: tuple[Path, ...], budget: list[int] | None = None,
 ) -> tuple[dict[str, Any], dict[KeyPath, Origin], list[Path]]:
+    budget = [MAX_RECIPE_FILES] if budget is None else budget
+    budget[0] -= 1
     data, origins = read_yaml_mapping(file)
     parents = data.pop("extends", None)
     if parents is None:
@@ -135,15 +144,25 @@ def _read_chain(
     merged_origins: dict[KeyPath, Origin] = {}
     files = [file]
     for rel in parents:
-        parent = (file.parent / rel).resolve()
+        try:  # a NUL byte or an over-long name is bad input, not a crash
+            parent = (file.parent / rel).resolve()
+            parent.is_file()
+        except (OSError, ValueError) as err:
+            raise RecipeError(file, f"parent recipe {rel[:100]!r} is not a usable path: {err}",
+                              "extends", line) from None
         if parent in stack or parent == file:
             cycle = " -> ".join(str(p) for p in (*stack, file, parent))
             raise RecipeError(file, f"extends cycle: {cycle}", "extends", line)
+        if len(stack) + 1 >= MAX_EXTENDS_DEPTH:
+            raise RecipeError(file, f"extends chain longer than {MAX_EXTENDS_DEPTH} files", "extends", line)
+        if budget[0] <= 0:
+            raise RecipeError(file, f"extends reads more than {MAX_RECIPE_FILES} files for one recipe",
+                              "extends", line)
         if not parent.is_file():
             raise RecipeError(
                 file, f"parent recipe {rel!r} not found (looked for {parent})", "extends", line
             )
-        pdata, porigins, pfiles = _read_chain(parent, (*stack, file))
+        pdata, porigins, pfiles = _read_chain(parent, (*stack, file), budget)
         # `name` belongs to the file that declares it; a child never inherits its parent's.
         pdata.pop("name", None)
         merged = deep_merge(merged, pdata, merged_origins, porigins)
@@ -178,7 +197,8 @@ def _describe(err: dict[str, Any], model_fields: list[str] | None) -> str:
     msg = msg.removeprefix("Value error, ")
     value = err.get("input")
     if kind not in ("missing",) and not isinstance(value, dict | list):
-        msg += f" (got {value!r})"
+        shown = repr(value)
+        msg += f" (got {shown if len(shown) <= 80 else shown[:60] + f'... ({len(shown)} chars)'})"
     return msg
 
 
@@ -260,7 +280,7 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
             ]
         ) from None
     loaded = LoadedRecipe(recipe=recipe, path=file, files=files, origins=loaded_origins)
-    problems = _cross_checks(recipe)
+    problems = _cross_checks(recipe) + refused_exec_env(recipe)
     if problems:
         raise InvalidRecipe([loaded.error(key, msg) for key, msg in problems])
     return loaded

@@ -7,12 +7,11 @@ import re
 from typing import Annotated, Any, Literal, Self, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
-    NonNegativeInt,
-    PositiveInt,
     ValidationError,
     model_validator,
 )
@@ -74,14 +73,39 @@ def _env_value(value: Any) -> Any:
     return value
 
 
-Duration = Annotated[float, BeforeValidator(_duration_seconds), Field(gt=0)]
-EnvValue = Annotated[str, BeforeValidator(_env_value)]
-EnvMap = dict[str, EnvValue]
-ArgMap = dict[str, ArgValue]
+# Counts are bounded so that a typo or a hostile file (nodes: 1e20, a 4000-digit layer count)
+# is refused here instead of overflowing a check later; the bound is far above any real run.
+MAX_COUNT = 2**31 - 1
+PositiveInt = Annotated[int, Field(gt=0, le=MAX_COUNT)]
+NonNegativeInt = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+MAX_TIMEOUT_S = 30 * 86400
+# POSIX environment names: anything else (A=B, BAD$(x), A B) cannot be exported as given.
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("environment values cannot contain a NUL byte")
+    return value
+
+
+def _arg_name(name: str) -> str:
+    if not name or name != name.strip() or any(c in name for c in "=\x00 \t\n"):
+        raise ValueError("flag names are non-empty words without spaces, '=' or NUL")
+    return name
+
+
+Duration = Annotated[float, BeforeValidator(_duration_seconds), Field(gt=0, le=MAX_TIMEOUT_S)]
+EnvName = Annotated[str, Field(pattern=ENV_NAME)]
+EnvValue = Annotated[str, BeforeValidator(_env_value), AfterValidator(_no_nul)]
+EnvMap = dict[EnvName, EnvValue]
+ArgName = Annotated[str, AfterValidator(_arg_name)]
+ArgMap = dict[ArgName, ArgValue]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=False)
+    # allow_inf_nan: no count, fraction, size or duration is meaningfully inf or nan.
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=False, allow_inf_nan=False)
 
 
 class Cluster(Strict):
@@ -138,7 +162,7 @@ class Overlay(Strict):
     """Changes to args and env; null (or false for a flag) removes an inherited entry."""
 
     args: ArgMap = Field(default_factory=dict)
-    env: dict[str, EnvValue | None] = Field(default_factory=dict)
+    env: dict[EnvName, EnvValue | None] = Field(default_factory=dict)
 
 
 class StageOptions(Overlay):
@@ -232,6 +256,11 @@ class Recipe(Strict):
     paths: Paths = Field(default_factory=Paths)
     args: ArgMap = Field(default_factory=dict, description="flags without '--'; true = bare flag")
     env: EnvMap = Field(default_factory=dict)
+    allow_exec_env: list[EnvName] = Field(
+        default_factory=list,
+        description="env names that make a shell or loader run code (BASH_ENV, LD_PRELOAD, ...) "
+        "this recipe sets on purpose; refused otherwise",
+    )
     stages: Stages = Field(default_factory=Stages)
     expect: dict[Stage, dict[str, float]] = Field(
         default_factory=dict, description="stage -> metric -> expected value (e.g. seconds)"

@@ -2,7 +2,8 @@
 
 Stopping sends SIGTERM to the group, waits, then SIGKILLs it. Processes that left the group
 (setsid, daemonising) are found because their ids are recorded while the job runs; every one
-still alive at the end is killed too, so a timed-out job leaves nothing behind.
+still alive at the end is killed too, so a timed-out job leaves nothing behind. A watchdog
+process (watchdog.py) kills the job if this process dies without cleaning up (kill -9).
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 
-from recipeval.engines.launch import Launch
+from recipeval.engines.launch import Launch, write_runtime_env
 from recipeval.runners.base import (
     POLL_S,
     STOP_GRACE_S,
@@ -112,6 +115,20 @@ class LocalRunner(Runner):
         stop: threading.Event | None = None,
     ) -> RunResult:
         env = {**os.environ, **launch.env}
+        try:
+            env_file = write_runtime_env(launch)
+        except OSError as err:
+            raise RunnerError(f"cannot write the runtime env file: {err}") from err
+        try:
+            return self._run(launch, env, on_line, timeout, stop)
+        finally:
+            if env_file is not None:  # it holds every env value; Ray read it at submission
+                env_file.unlink(missing_ok=True)
+
+    def _run(
+        self, launch: Launch, env: dict[str, str], on_line: LineSink, timeout: float | None,
+        stop: threading.Event | None,
+    ) -> RunResult:
         started = time.time()
         try:
             proc = subprocess.Popen(
@@ -124,6 +141,21 @@ class LocalRunner(Runner):
             )
         except OSError as err:
             raise RunnerError(f"cannot start {launch.argv[0]!r}: {err}") from err
+        try:
+            watchdog = _start_watchdog(proc.pid)
+        except OSError as err:
+            ProcessTree(proc).terminate(0.0)
+            raise RunnerError(f"cannot start the watchdog that guards the job: {err}") from err
+        try:
+            return self._follow(proc, on_line, timeout, stop, started)
+        finally:
+            watchdog.kill()
+            watchdog.wait()
+
+    def _follow(
+        self, proc: subprocess.Popen, on_line: LineSink, timeout: float | None,
+        stop: threading.Event | None, started: float,
+    ) -> RunResult:
         tree = ProcessTree(proc)
         deadline = Deadline(timeout)
         timed_out = stopped = False
@@ -163,6 +195,18 @@ class LocalRunner(Runner):
             stopped=stopped,
             detail=detail,
         )
+
+
+WATCHDOG = Path(__file__).with_name("watchdog.py")
+
+
+def _start_watchdog(leader: int) -> subprocess.Popen:
+    """The process that kills the job if we die (see watchdog.py): its own session, so a
+    signal to our group leaves it to do its work."""
+    return subprocess.Popen(
+        [sys.executable, "-I", str(WATCHDOG), str(os.getpid()), str(leader)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+    )
 
 
 def _pump(proc: subprocess.Popen, on_line: LineSink) -> None:

@@ -188,7 +188,7 @@ def execute(
     on_steps: OnSteps | None = None,
 ) -> StageRun:
     """Run the launch (or read request.from_log), streaming into log_path and the parser."""
-    secrets = secret_values({**os.environ, **launch.env})
+    secrets = secret_values({**os.environ, **launch.env}, launch.argv)
     stop = threading.Event()
     if request.from_log is not None:
         return _from_log(request, resolved, launch, log_path, secrets)

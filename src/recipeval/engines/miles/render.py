@@ -1,13 +1,19 @@
 """Render a recipe into the launch miles' own launch script builds for the same settings:
-`ray job submit --runtime-env-json=... -- python3 <miles>/train.py <model args> <train args>`."""
+`ray job submit --runtime-env=FILE -- python3 <miles>/train.py <model args> <train args>`.
+
+One difference from miles' launcher, on purpose: the runtime env (every env value, secrets
+included) reaches Ray through a file readable by its owner only (written by the runner, or by
+the rendered script under umask 077), not `--runtime-env-json=...`, which anyone on the node
+can read in `ps`."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from recipeval.engines.launch import (
+    RUNTIME_ENV_FILE,
     Launch,
     Resources,
     cluster_flags,
@@ -54,8 +60,18 @@ def runtime_env_vars(resolved: Resolved, environ: Mapping[str, str]) -> dict[str
     return env
 
 
-def render(resolved: Resolved, environ: Mapping[str, str] | None = None) -> Launch:
+def runtime_env_path(resolved: Resolved) -> Path:
+    """Default place of the runtime env file: beside the stage's results (results/<recipe>/,
+    the stage commands' default --out), one file per stage and variant."""
+    name = "-".join(p for p in (resolved.stage or "launch", resolved.variant) if p)
+    return Path("results") / resolved.recipe.name / f"{name}.runtime_env.json"
+
+
+def render(
+    resolved: Resolved, environ: Mapping[str, str] | None = None, runtime_env_file: Path | None = None,
+) -> Launch:
     environ = os.environ if environ is None else environ
+    runtime_env_file = runtime_env_file or runtime_env_path(resolved)
     miles = _checkout(resolved, environ, "MILES_DIR", "miles")
     entrypoint = [
         "python3",
@@ -69,7 +85,7 @@ def render(resolved: Resolved, environ: Mapping[str, str] | None = None) -> Laun
     submit = ["ray", "job", "submit"]
     if "RAY_ADDRESS" not in environ:
         submit.append(f"--address={DEFAULT_DASHBOARD}")
-    submit.append(f"--runtime-env-json={json.dumps(runtime_env, separators=(',', ':'))}")
+    submit.append(f"--runtime-env={runtime_env_file}")
     recipe = resolved.recipe
     return Launch(
         argv=[*submit, "--", *entrypoint],
@@ -81,4 +97,5 @@ def render(resolved: Resolved, environ: Mapping[str, str] | None = None) -> Laun
         engine="miles",
         stage=resolved.stage,
         variant=resolved.variant,
+        extra={RUNTIME_ENV_FILE: str(runtime_env_file)},
     )

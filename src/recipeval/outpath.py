@@ -1,0 +1,57 @@
+"""Check an output path given on the command line before anything runs: an empty name, a
+name past the system's limits, or a path through a file or onto a device is bad input (exit 2),
+not a traceback or a result written somewhere else."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+# Linux limits: one path component (NAME_MAX) and a whole path (PATH_MAX).
+NAME_MAX = 255
+PATH_MAX = 4095
+
+
+def output_path_problem(raw: str, file_suffix: str | None = None) -> str | None:
+    """Why `raw` cannot be an output folder (or, with `file_suffix`, a file of that suffix),
+    or None when it can."""
+    if not raw.strip():
+        return "is empty; name a folder"
+    if "\x00" in raw:
+        return "contains a NUL byte"
+    encoded = os.fsencode(raw)
+    if len(encoded) > PATH_MAX:
+        return f"is {len(encoded)} bytes long; paths are limited to {PATH_MAX}"
+    long_parts = [p for p in encoded.split(b"/") if len(p) > NAME_MAX]
+    if long_parts:
+        return f"has a name of {len(long_parts[0])} bytes; each name is limited to {NAME_MAX}"
+    path = Path(raw)
+    wants_file = file_suffix is not None and path.suffix == file_suffix
+    if path.exists() and not wants_file and not path.is_dir():
+        return "exists and is not a folder (a file or device); name a folder"
+    if wants_file and path.exists() and not path.is_file():
+        return f"exists and is not a regular {file_suffix} file"
+    for ancestor in path.absolute().parents:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                return f"lies under {ancestor}, which is not a folder"
+            break
+    return None
+
+
+def out_folder(raw: str) -> Path:
+    """typer parser for a results folder option (--out)."""
+    problem = output_path_problem(raw)
+    if problem:
+        raise typer.BadParameter(f"{raw[:80]!r} {problem}")
+    return Path(raw)
+
+
+def out_json_or_folder(raw: str) -> Path:
+    """typer parser for an option that takes FILE.json or a folder (env-check --out)."""
+    problem = output_path_problem(raw, ".json")
+    if problem:
+        raise typer.BadParameter(f"{raw[:80]!r} {problem}")
+    return Path(raw)

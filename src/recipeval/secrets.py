@@ -1,0 +1,181 @@
+"""What counts as a secret, and how it is kept out of everything recipeval writes or prints.
+
+A value is secret when its name says so (an env name like HF_TOKEN or DB_PASS, a flag like
+`wandb-key` or `hf-token`) or when its shape does (credentials inside a URL, a long token with
+a known prefix such as hf_/ghp_/sk-/AKIA, a JWT). Logs, result JSON and published outputs are
+scrubbed (value -> ***); the run history keeps a fingerprint (a short sha256 prefix) so a change
+of secret still shows as "changed" without the value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+REDACTED = "***"
+FINGERPRINT_PREFIX = "sha256:"
+# Short values (a flag like `--wandb-key x`, a PIN) would mask common words everywhere in a
+# log; below this length a secret is still redacted where it is named, never searched for.
+MIN_SCRUB_LEN = 6
+
+# A name holds a secret when its last word (split on `_`, `-`, `.`) is a secret word or a
+# secret pair (HF_TOKEN, DB_PASS, DB_PWD, WANDB_API_KEY, wandb-key, hf-token, db-password), or
+# when any word is SECRET/PASSWORD/CREDENTIAL (AWS_SECRET_ACCESS_KEY); AWS_ACCESS_KEY_ID too. Whole words only, and
+# TOKEN only last, so PATH, PASSTHROUGH, COMPASS, KEYBOARD, max-tokens-per-gpu,
+# moe-token-dispatcher-type and label-key (miles' flags) are not secrets.
+SECRET_NAME = re.compile(
+    r"(?:(?:^|[_\-.])(?:TOKEN|SECRET|PASSWORD|PASSWD|PASS|PWD|PASSPHRASE|CREDENTIALS?|CREDS|AUTH"
+    r"|COOKIE|PAT|(?:API|ACCESS|PRIVATE|SECRET|WANDB|HF|CLIENT|SIGNING|ENCRYPTION|AUTH)[_\-.]?KEY(?:[_\-.]ID)?)"
+    r"|(?:APIKEY|ACCESSKEY|SECRETKEY|PRIVATEKEY|PASSWORD|PASSWD))$"
+    r"|(?:^|[_\-.])(?:SECRET|PASSWORD|PASSWD|CREDENTIALS?)(?:$|[_\-.])",
+    re.IGNORECASE,
+)
+# The shell's working directories, not passwords.
+_NOT_SECRET = frozenset({"PWD", "OLDPWD"})
+
+# Value shapes that are secrets whatever they are called.
+VALUE_PATTERNS: tuple[re.Pattern[str], ...] = (
+    # user:password@ inside a URL (scheme and host stay readable).
+    re.compile(r"(?<=://)[^/\s:@'\"\\]*:[^/\s@'\"\\]+(?=@)"),
+    re.compile(r"\bhf_[A-Za-z0-9]{20,}"),  # Hugging Face
+    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"),  # GitHub
+    re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"),
+    re.compile(r"\bsk-[A-Za-z0-9_\-]{20,}"),  # OpenAI/Anthropic style API keys
+    re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),  # AWS access key id
+    re.compile(r"\bxox[abprs]-[A-Za-z0-9\-]{10,}"),  # Slack
+    re.compile(r"\b(?:glpat|npm|pypi)-[A-Za-z0-9_\-]{20,}"),
+    re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),  # JWT
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)"),
+)
+
+
+def is_secret_name(name: str) -> bool:
+    """True for an env name or flag name that holds a secret; see SECRET_NAME."""
+    name = name.strip()
+    return name.upper() not in _NOT_SECRET and SECRET_NAME.search(name) is not None
+
+
+def has_secret_shape(value: str) -> bool:
+    """True when `value` contains URL credentials or a known token shape."""
+    return any(p.search(value) for p in VALUE_PATTERNS)
+
+
+def is_secret(name: str, value: Any) -> bool:
+    """A named secret, or a string value that looks like one."""
+    return is_secret_name(name) or (isinstance(value, str) and has_secret_shape(value))
+
+
+def secret_values(environ: Mapping[str, str] | None = None, argv: Iterable[str] = ()) -> list[str]:
+    """Values to scrub from text: secret-named variables of `environ` (the process's by
+    default) and the values of secret flags in `argv` (`--wandb-key V`, `--hf-token=V`);
+    longest first so a value containing another is replaced whole."""
+    environ = dict(os.environ) if environ is None else environ
+    found = {v for k, v in environ.items() if is_secret_name(k) and len(v) >= MIN_SCRUB_LEN}
+    found |= {v for v in flag_secret_values(list(argv)) if len(v) >= MIN_SCRUB_LEN}
+    return sorted(found, key=len, reverse=True)
+
+
+def flag_secret_values(argv: list[str]) -> list[str]:
+    """The values argv gives to secret flags."""
+    out = []
+    for i, word in enumerate(argv):
+        if not word.startswith("--"):
+            continue
+        name, eq, value = word[2:].partition("=")
+        if not is_secret_name(name):
+            continue
+        if eq:
+            out.append(value)
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out.append(argv[i + 1])
+    return out
+
+
+def scrub(text: str, secrets: Iterable[str] = ()) -> str:
+    """Replace every given secret value and every secret-shaped substring with ***."""
+    for value in secrets:
+        if value:
+            text = text.replace(value, REDACTED)
+    for pattern in VALUE_PATTERNS:
+        text = pattern.sub(REDACTED, text)
+    return text
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Copy of env with secret values replaced; names stay so a diff still shows them."""
+    return {k: (REDACTED if is_secret_name(k) else scrub(v)) for k, v in env.items()}
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """argv with secret flag values replaced and secret-shaped substrings scrubbed."""
+    out = []
+    hide_next = False
+    for word in argv:
+        if hide_next and not word.startswith("--"):
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        hide_next = False
+        if word.startswith("--"):
+            name, eq, _ = word[2:].partition("=")
+            if is_secret_name(name):
+                if eq:
+                    out.append(f"--{name}={REDACTED}")
+                else:
+                    out.append(word)
+                    hide_next = True
+                continue
+        out.append(scrub(word))
+    return out
+
+
+def redact_data(data: Any, name: str = "") -> Any:
+    """A JSON-like structure with every secret (by key name or value shape) replaced by ***."""
+    if isinstance(data, dict):
+        return {k: (REDACTED if is_secret_name(str(k)) and not isinstance(v, dict | list)
+                    and v not in (None, False, True) else redact_data(v, str(k)))
+                for k, v in data.items()}
+    if isinstance(data, list):
+        if name == "argv" or name == "entrypoint":
+            return redact_argv([str(w) for w in data])
+        return [redact_data(v, name) for v in data]
+    if isinstance(data, str):
+        return scrub(data)
+    return data
+
+
+def fingerprint(value: Any) -> str:
+    """A short, stable stand-in for a secret: equal values give equal fingerprints, so the
+    history can say "changed" without keeping the value."""
+    digest = hashlib.sha256(str(value).encode("utf-8", errors="replace")).hexdigest()
+    return f"{FINGERPRINT_PREFIX}{digest[:12]}"
+
+
+def is_fingerprint(value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(rf"{FINGERPRINT_PREFIX}[0-9a-f]{{12}}", value) is not None
+
+
+def fingerprint_secrets(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Flattened recipe facts (`env.HF_TOKEN`, `args.wandb-key`, ...) with every secret
+    value (by the last name part or by shape) replaced by its fingerprint."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        leaf = key.rsplit(".", 1)[-1]
+        if value is None or isinstance(value, bool) or is_fingerprint(value):
+            out[key] = value
+        elif is_secret_name(leaf) or _has_secret_shape_in(value):
+            out[key] = fingerprint(value)
+        else:
+            out[key] = value
+    return out
+
+
+def _has_secret_shape_in(value: Any) -> bool:
+    if isinstance(value, str):
+        return has_secret_shape(value)
+    if isinstance(value, list):
+        return any(_has_secret_shape_in(v) for v in value)
+    return False
