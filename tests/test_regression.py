@@ -37,7 +37,7 @@ def test_six_percent_shift_is_caught_within_three_nights_at_its_night() -> None:
     # Once found, the shift stays reported on every later night, at the night it started.
     for v in verdicts[first:]:
         assert v.kind == "regression" and v.change_index == 15
-        assert v.rel_change == pytest.approx(0.06, abs=0.015)
+        assert v.rel_change == pytest.approx(0.06, abs=0.025)  # median of the nights since
         assert v.p_value is not None and v.p_value < 0.01
 
 

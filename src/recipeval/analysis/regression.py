@@ -16,9 +16,9 @@ is reported, with the night where it started, on every night until someone ackno
   t with 3 degrees of freedom scaled to the same MAD: one heavy-tailed night is not a change,
   yet a jump of many sigma (miles #2040, +370 %) is still caught on its first night. Larger sides
   use Student t on the residual degrees of freedom.
-- Multiplicity: the splits that leave only the newest one, two or three nights on the right
-  (a shift that is starting) share half of alpha; all other splits (older shifts, drifts) share
-  the other half (weighted Bonferroni). A right-hand side shorter than `min_segment` is only
+- Multiplicity (weighted Bonferroni): the splits that leave only the newest one, two or three
+  nights on the right (a shift that is starting) get 15, 15 and 50 % of alpha; all other splits
+  (older shifts, drifts), which gain evidence every night, share the remaining 20 %. A right-hand side shorter than `min_segment` is only
   allowed at the newest nights, so an odd night inside the history is never a segment.
 - False alarms per recipe and night, not per metric: `judge_many` applies Holm's step-down over
   the recipe's metrics to each metric's "any change" p-value, so a recipe's nightly false-alarm
@@ -58,7 +58,11 @@ _HIGHER_IS_BETTER = re.compile(r"(per_sec|per_s\b|tok_per_s|tokens_per|tflops|th
 MAD_TO_SIGMA = 1.4826
 SCALE_WINSOR = 2.5  # residuals beyond this many MAD-sd are clipped for the noise scale
 SIDE_WINSOR = 3.0  # values beyond this many sigma from their side's median are clipped
-NEW_NIGHTS = 3  # splits leaving this many newest nights or fewer on the right: a new shift
+# Shares of alpha for the splits leaving the newest 1, 2, 3 nights on the right; the rest goes
+# to the older splits (an established shift, a drift), which gain evidence every night. Most
+# goes to three nights: one or two are judged against a heavy-tailed reference and catch only
+# large jumps, which have p-values far below any share.
+NEW_SHARES = (0.15, 0.15, 0.5)
 SMALL_SIDE = 2  # sides this short cannot be winsorised: judged against a heavy-tailed reference
 TAIL_DF = 3
 # Timings are logged with a few significant digits: the noise scale never drops below this
@@ -150,6 +154,20 @@ def _split_z(left: np.ndarray, right: np.ndarray, sigma: float) -> float:
     return diff / (sigma * math.sqrt(1 / len(left) + 1 / len(right)))
 
 
+def _all_split_z(seg: np.ndarray, sigma: float) -> np.ndarray:
+    """_split_z at every split k = 1 .. len(seg) - 1 at once (row k-1 of a masked matrix)."""
+    n = len(seg)
+    k = np.arange(1, n)
+    left_mask = np.arange(n)[None, :] < k[:, None]
+    means = []
+    for mask in (left_mask, ~left_mask):
+        side = np.where(mask, seg[None, :], np.nan)
+        med = np.nanmedian(side, axis=1, keepdims=True)
+        means.append(np.nanmean(np.clip(side, med - SIDE_WINSOR * sigma, med + SIDE_WINSOR * sigma),
+                                axis=1))
+    return (means[1] - means[0]) / (sigma * np.sqrt(1 / k + 1 / (n - k)))
+
+
 def _two_sided_p(z: np.ndarray, smaller_side: np.ndarray, df: float) -> np.ndarray:
     """Two-sided p-values of split statistics; sides of SMALL_SIDE nights or fewer against the
     heavy-tailed reference on the MAD scale (see the module docstring)."""
@@ -161,18 +179,19 @@ def _two_sided_p(z: np.ndarray, smaller_side: np.ndarray, df: float) -> np.ndarr
 def _best_split(x: np.ndarray, a: int, b: int, n: int, sigma: float, df: float,
                 min_segment: int) -> tuple[int, float]:
     """Most significant split of x[a:b] and its multiplicity-adjusted p-value (weighted
-    Bonferroni: splits leaving only the newest NEW_NIGHTS nights on the right share half of
-    alpha, the others the other half). (0, 1.0) when none can be formed."""
-    newest = list(range(max(a + min_segment, b - NEW_NIGHTS), b)) if b == n else []
+    Bonferroni with the NEW_SHARES of alpha). (0, 1.0) when none can be formed."""
+    newest = list(range(max(a + min_segment, b - len(NEW_SHARES)), b)) if b == n else []
     inner = [k for k in range(a + min_segment, b - min_segment + 1) if k not in newest]
     ks = np.array(newest + inner, dtype=int)
     if len(ks) == 0:
         return 0, 1.0
-    z = np.array([_split_z(x[a:k], x[k:b], sigma) for k in ks])
+    z = _all_split_z(x[a:b], sigma)[ks - a - 1]
     smaller = np.minimum(ks - a, b - ks)
-    both = bool(newest) and bool(inner)
-    weight = np.where(np.isin(ks, newest), len(newest), len(inner))
-    p = np.minimum(1.0, _two_sided_p(z, smaller, df) * weight * (2 if both else 1))
+    # Each split's share of alpha: the newest by how many nights they leave on the right, the
+    # older ones equally; renormalised over the splits this segment has.
+    older = (1 - sum(NEW_SHARES)) / len(inner) if inner else 0.0
+    share = np.array([NEW_SHARES[b - k - 1] for k in newest] + [older] * len(inner))
+    p = np.minimum(1.0, _two_sided_p(z, smaller, df) * share.sum() / share)
     best = int(np.argmin(p))
     return int(ks[best]), float(p[best])
 
@@ -209,16 +228,20 @@ def _segmentation(x: np.ndarray, settings: RegressionSettings,
 
 
 def _refine(x: np.ndarray, points: list[int], sigma: float) -> list[int]:
-    """Move each change point to the split of largest |z| between its neighbours: the search
-    weighs the newest splits by their reference distribution, which can favour a right side
-    of three nights over the two that really moved, and "what changed" needs the right night."""
+    """Move each change point to the least-squares split between its neighbours (largest
+    |mean difference| x sqrt(n_left n_right)): the search weighs the newest splits by their
+    reference distribution and winsorises each side, which can favour a right side of three
+    nights (one of them clipped) over the two that really moved; "what changed" needs the
+    right night."""
     out = list(points)
     for i in range(len(out)):
         lo = out[i - 1] if i else 0
         hi = out[i + 1] if i + 1 < len(out) else len(x)
-        ks = range(lo + 1, hi)
-        z = [abs(_split_z(x[lo:k], x[k:hi], sigma)) for k in ks]
-        out[i] = ks[int(np.argmax(z))]
+        seg = x[lo:hi]
+        k = np.arange(1, len(seg))
+        left = np.cumsum(seg)[:-1] / k
+        right = (seg.sum() - left * k) / (len(seg) - k)
+        out[i] = lo + int(k[np.argmax(np.abs(right - left) * np.sqrt(k * (len(seg) - k)))])
     return out
 
 
