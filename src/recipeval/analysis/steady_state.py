@@ -87,6 +87,7 @@ TREND_MIN_MOVE = 0.005
 # should not be below it; see StoppingRule).
 MAX_AUTOCORR = 0.8
 AUTOCORR_MIN_STEPS = 10
+AUTOCORR_UPPER_Z = 1.0
 
 StopReason = Literal["precise", "max_steps", "continue"]
 
@@ -245,8 +246,12 @@ def lag1_autocorrelation(values: Sequence[float] | np.ndarray) -> float:
     den = float(d @ d)
     if den <= 0:
         return 0.0
-    r = float(d[1:] @ d[:-1]) / den
-    return min(max((n * r + 1) / (n - 3), 0.0), MAX_AUTOCORR)
+    r = (n * float(d[1:] @ d[:-1]) / den + 1) / (n - 3)
+    # An upper confidence bound rather than the estimate: on 10-20 steps the estimate's error
+    # (sd about sqrt((1 - r^2) / n)) is as large as the correlation, and the stopping rule
+    # would stop on the steps where it happens to be low.
+    r += AUTOCORR_UPPER_Z * math.sqrt(max(1 - r * r, 0.0) / n)
+    return min(max(r, 0.0), MAX_AUTOCORR)
 
 
 def correlated_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95,
@@ -381,8 +386,8 @@ class StoppingRule:
     """
 
     rel_ci: float = 0.03
-    min_steps: int = 5
-    max_steps: int = 20
+    min_steps: int = AUTOCORR_MIN_STEPS  # fewer: stops before correlation can be checked
+    max_steps: int = 40
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
