@@ -11,11 +11,11 @@ model, rows:
   and one is a false alarm when the recipe is "regressed" (target <= 1 % of quiet
   recipe-nights). The detector is scale-free (z statistics on a robust noise scale), so the
   noise level does not change this rate.
-- +4 % at 0.5 % noise, +6 % at 2 % noise: 15 quiet nights, then metric 0 shifts and the torch
-  package is bumped the same night; caught when the recipe is "regressed" on one of the first
+- +4 % at 0.5 % noise, +6 % at 2 % noise: 15 (or 30) quiet nights, then metric 0 shifts and
+  the torch package is bumped the same night; caught when the recipe is "regressed" on one of the first
   three shifted nights with metric 0 regressed, the change run being the night of the shift
   and "what changed" naming torch (target >= 95 %).
-- +0.5 %/night drift at 1 % noise after 15 quiet nights: caught within 10 nights.
+- +0.5 %/night drift at 1 % noise after 15 (or 30) quiet nights: caught within 10 nights.
 Each night a random one of three hosts runs the recipe, so "what changed" always has noise.
 """
 
@@ -32,7 +32,6 @@ from recipeval.publish.compare import judge_run
 from recipeval.publish.records import RunRecord, StageOutcome
 
 RECIPE = "bench-recipe"
-SHIFT_NIGHT = 15
 
 
 def records(rng: np.random.Generator, values: np.ndarray, bump_at: int | None) -> list[RunRecord]:
@@ -68,15 +67,16 @@ def catch_rate(rng: np.random.Generator, noise: Noise, scenario: Scenario, withi
     the catch among those caught)."""
     caught = right = 0
     delays = []
+    start = scenario.start or 0
     for _ in range(trials):
-        runs = records(rng, history(rng, scenario, noise), SHIFT_NIGHT)
-        for night in range(SHIFT_NIGHT, SHIFT_NIGHT + within):
+        runs = records(rng, history(rng, scenario, noise), start)
+        for night in range(start, start + within):
             verdict = judge_run(runs[night], runs[: night + 1], settings)
             if verdict.status == "regressed" and any(m.metric.endswith("m0") for m in verdict.regressions):
                 caught += 1
-                delays.append(night - SHIFT_NIGHT + 1)
+                delays.append(night - start + 1)
                 named = any(c.key == "torch" for c in verdict.changes)
-                right += named and verdict.change_run == runs[SHIFT_NIGHT].run_id
+                right += named and verdict.change_run == runs[start].run_id
                 break
     return caught / trials, right / trials, float(np.mean(delays)) if delays else float("nan")
 
@@ -97,14 +97,15 @@ def main() -> None:
         for name, noise in models.items():
             quiet = false_alarm_rate(rng, noise, args.trials, settings)
             print(f"{family:8} {name:9} false 'regressed' per quiet recipe-night: {quiet:.2%}")
-            for label, scenario, within in (
-                ("+4 % at 0.5 % noise", Scenario(SHIFT_NIGHT + 3, cv=0.005, start=SHIFT_NIGHT, shift=0.04), 3),
-                ("+6 % at 2 % noise  ", Scenario(SHIFT_NIGHT + 3, cv=0.02, start=SHIFT_NIGHT, shift=0.06), 3),
-                ("+0.5 %/night, 1 %  ", Scenario(SHIFT_NIGHT + 10, cv=0.01, start=SHIFT_NIGHT, drift=0.005), 10),
-            ):
-                caught, right, delay = catch_rate(rng, noise, scenario, within, args.trials, settings)
-                print(f"{'':18} {label} caught within {within:2d} nights {caught:7.1%}  right night and "
-                      f"cause {right:7.1%}  mean nights to catch {delay:.1f}")
+            for quiet_nights in (15, 30):
+                for label, scenario, within in (
+                    ("+4 % at 0.5 % noise", Scenario(quiet_nights + 3, cv=0.005, start=quiet_nights, shift=0.04), 3),
+                    ("+6 % at 2 % noise  ", Scenario(quiet_nights + 3, cv=0.02, start=quiet_nights, shift=0.06), 3),
+                    ("+0.5 %/night, 1 %  ", Scenario(quiet_nights + 10, cv=0.01, start=quiet_nights, drift=0.005), 10),
+                ):
+                    caught, right, delay = catch_rate(rng, noise, scenario, within, args.trials, settings)
+                    print(f"{'':18} after {quiet_nights} nights, {label} caught within {within:2d} nights "
+                          f"{caught:7.1%}  right night and cause {right:7.1%}  mean nights to catch {delay:.1f}")
     print(f"elapsed {time.perf_counter() - started:.1f} s")
 
 
