@@ -210,7 +210,7 @@ def _segmentation(x: np.ndarray, settings: RegressionSettings,
     sigma = noise_scale(x)
     found: list[int] = []
     first_p = 1.0
-    for _ in range(2):  # the scale from the found segments is cleaner: search once more with it
+    for _ in range(2):  # the scale from found segments is cleaner: search once more with it
         df = max(1.0, 0.9 * (n - len(found) - 1))
         found, pending, first_p = [], [(0, n)], 1.0
         top = True
@@ -222,6 +222,10 @@ def _segmentation(x: np.ndarray, settings: RegressionSettings,
             if k and p < alpha:
                 found.append(k)
                 pending += [(a, k), (k, b)]
+        if not found:
+            # Nothing found: the differences' scale stands (the residuals from one median
+            # would be inflated by a shift too small to be found yet).
+            break
         found = _refine(x, sorted(found), sigma)
         sigma = noise_scale(x, found)
     return found, first_p, sigma
