@@ -1,14 +1,22 @@
-"""False-alarm and detection rates of analysis.regression over random histories.
+"""False "regressed" nights and caught shifts of the nightly regression verdict, through the
+same path `recipeval publish` takes (publish.compare.judge_run over run records: four judged
+metrics a recipe, Holm over them, change points, what changed).
 
-    python benchmarks/regression_false_alarms.py [--trials 2000] [--seed 0]
+    python benchmarks/regression_false_alarms.py [--trials 300] [--seed 0]
 
-For each noise model (Gaussian and heavy-tailed Student-t with 3 degrees of freedom, at several
-night-to-night coefficients of variation) and history length, draw a history at a constant
-level and judge one more draw from the same level (a false alarm if anything is flagged), and
-one draw shifted by +6 % (detected if flagged as a regression), and three consecutive nights
-at +6 % (detected if any of them is flagged: a shift that persists gets more than one chance).
-Also histories with an old, already absorbed +8 % shift, judged on a draw at the new level
-(false alarm if flagged).
+Generators: benchmarks/nightly_generators.py (a tuned family and a held-out one). Per noise
+model, rows:
+
+- quiet, cv 2 %: 30 nights at a constant level; every second night from the 5th on is judged,
+  and one is a false alarm when the recipe is "regressed" (target <= 1 % of quiet
+  recipe-nights). The detector is scale-free (z statistics on a robust noise scale), so the
+  noise level does not change this rate.
+- +4 % at 0.5 % noise, +6 % at 2 % noise: 15 (or 30) quiet nights, then metric 0 shifts and
+  the torch package is bumped the same night; caught when the recipe is "regressed" on one of the first
+  three shifted nights with metric 0 regressed, the change run being the night of the shift
+  and "what changed" naming torch (target >= 95 %).
+- +0.5 %/night drift at 1 % noise after 15 (or 30) quiet nights: caught within 10 nights.
+Each night a random one of three hosts runs the recipe, so "what changed" always has noise.
 """
 
 from __future__ import annotations
@@ -17,56 +25,87 @@ import argparse
 import time
 
 import numpy as np
+from nightly_generators import HELD_OUT, TUNED, Noise, Scenario, history
 
-from recipeval.analysis.regression import RegressionSettings, judge
+from recipeval.analysis.regression import RegressionSettings
+from recipeval.publish.compare import judge_run
+from recipeval.publish.records import RunRecord, StageOutcome
 
-METRIC = "bench.perf/step_time"
+RECIPE = "bench-recipe"
 
 
-def draw(rng: np.random.Generator, n: int, cv: float, tails: str) -> np.ndarray:
-    noise = rng.standard_normal(n) if tails == "gauss" else rng.standard_t(3, n) / np.sqrt(3.0)
-    return 100.0 * (1 + cv * noise)
+def records(rng: np.random.Generator, values: np.ndarray, bump_at: int | None) -> list[RunRecord]:
+    runs = []
+    for night in range(values.shape[1]):
+        metrics = {f"bench.metrics.m{i}": float(v) for i, v in enumerate(values[:, night])}
+        torch = "2.9.2" if bump_at is not None and night >= bump_at else "2.9.1"
+        runs.append(RunRecord(
+            run_id=f"run{night:03d}", recipe=RECIPE, recipe_sha256="0" * 64,
+            date=f"2026-11-{1 + night // 24:02d}T{night % 24:02d}:00:00+00:00",
+            stages={"bench": StageOutcome(status="pass")}, metrics=metrics,
+            intervals={m: (0.99 * v, 1.01 * v) for m, v in metrics.items()},
+            packages={"torch": torch, "sglang": "0.5.16"},
+            provenance={"host": f"node0{int(rng.integers(1, 4))}"},
+        ))
+    return runs
+
+
+def false_alarm_rate(rng: np.random.Generator, noise: Noise, trials: int,
+                     settings: RegressionSettings, cv: float = 0.02) -> float:
+    flagged = judged = 0
+    for _ in range(trials):
+        runs = records(rng, history(rng, Scenario(30, cv=cv), noise), None)
+        for night in range(4, 30, 2):
+            flagged += judge_run(runs[night], runs[: night + 1], settings).status == "regressed"
+            judged += 1
+    return flagged / judged
+
+
+def catch_rate(rng: np.random.Generator, noise: Noise, scenario: Scenario, within: int,
+               trials: int, settings: RegressionSettings) -> tuple[float, float, float]:
+    """(caught within `within` nights, caught with the right night and cause, mean nights to
+    the catch among those caught)."""
+    caught = right = 0
+    delays = []
+    start = scenario.start or 0
+    for _ in range(trials):
+        runs = records(rng, history(rng, scenario, noise), start)
+        for night in range(start, start + within):
+            verdict = judge_run(runs[night], runs[: night + 1], settings)
+            if verdict.status == "regressed" and any(m.metric.endswith("m0") for m in verdict.regressions):
+                caught += 1
+                delays.append(night - start + 1)
+                named = any(c.key == "torch" for c in verdict.changes)
+                right += named and verdict.change_run == runs[start].run_id
+                break
+    return caught / trials, right / trials, float(np.mean(delays)) if delays else float("nan")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=2000)
+    parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--family", choices=("tuned", "held-out", "both"), default="both")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     settings = RegressionSettings()
-    print(f"settings: {settings}; {args.trials} histories per row")
-    print(
-        f"{'noise':6} {'cv':>5} {'nights':>6} {'false alarm':>12} {'6% night 1':>11} "
-        f"{'6% by night 3':>13} {'absorbed FA':>12}"
-    )
+    print(f"settings: {settings}; {args.trials} recipes (4 metrics each) per row")
     started = time.perf_counter()
-    for tails in ("gauss", "t3"):
-        for cv in (0.01, 0.02, 0.03, 0.05):
-            for nights in (5, 15, 30):
-                fa = det = det3 = absorbed = 0
-                for _ in range(args.trials):
-                    x = draw(rng, nights + 4, cv, tails)
-                    history, same = list(x[:nights]), x[nights]
-                    shifted = list(x[nights + 1 :] * 1.06)
-                    fa += judge(METRIC, history, same, settings).kind != "unchanged"
-                    flags = [
-                        judge(METRIC, history + shifted[:i], shifted[i], settings).kind
-                        == "regression"
-                        for i in range(3)
-                    ]
-                    det += flags[0]
-                    det3 += any(flags)
-                    old = draw(rng, nights + 1, cv, tails)
-                    old[nights // 2 :] *= 1.08
-                    absorbed += (
-                        judge(METRIC, old[:nights], old[nights], settings).kind != "unchanged"
-                    )
-                n = args.trials
-                print(
-                    f"{tails:6} {cv:5.2f} {nights:6d} {fa / n:12.2%} {det / n:11.2%} {det3 / n:13.2%} "
-                    f"{absorbed / n:12.2%}"
-                )
+    for family, models in (("tuned", TUNED), ("held-out", HELD_OUT)):
+        if args.family not in (family, "both"):
+            continue
+        for name, noise in models.items():
+            quiet = false_alarm_rate(rng, noise, args.trials, settings)
+            print(f"{family:8} {name:9} false 'regressed' per quiet recipe-night: {quiet:.2%}")
+            for quiet_nights in (15, 30):
+                for label, scenario, within in (
+                    ("+4 % at 0.5 % noise", Scenario(quiet_nights + 3, cv=0.005, start=quiet_nights, shift=0.04), 3),
+                    ("+6 % at 2 % noise  ", Scenario(quiet_nights + 3, cv=0.02, start=quiet_nights, shift=0.06), 3),
+                    ("+0.5 %/night, 1 %  ", Scenario(quiet_nights + 10, cv=0.01, start=quiet_nights, drift=0.005), 10),
+                ):
+                    caught, right, delay = catch_rate(rng, noise, scenario, within, args.trials, settings)
+                    print(f"{'':18} after {quiet_nights} nights, {label} caught within {within:2d} nights "
+                          f"{caught:7.1%}  right night and cause {right:7.1%}  mean nights to catch {delay:.1f}")
     print(f"elapsed {time.perf_counter() - started:.1f} s")
 
 

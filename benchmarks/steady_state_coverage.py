@@ -8,13 +8,18 @@ with a known truth:
 3. steps to a verdict: adaptive stopping against the anchors' fixed schedules (Megatron: median
    over steps 5-20; NeMo-RL: mean of the last 5 of 10) at the same precision (target >= 30 %
    fewer steps); min_steps and rel_ci are chosen on a second set of traces, not the scored one.
+4. the shapes of issue 23 (benchmarks/step_time_generators.py: correlated steps, drift,
+   gradual warm-ups, a recurring slow step, heavy tails; a tuned and a held-out family): share
+   of traces whose interval covers the truth or that are reported not steady (target >= 92 %),
+   at 20 steps and at the adaptive stop, with the steps taken and warm-up accuracy.
 
 Trace model (one draw per trace): steady mean mu ~ U(20, 500) s; relative noise sigma ~
 U(2 %, 5 %), normal; warm-up length ~ U{0..5} steps, step i of it slower by
 max(a * r**i, 25 %) with a ~ U(0.5, 3), r ~ U(0.3, 0.7) (a first step 1.5-4x slower, decaying);
 after the warm-up each step is an outlier with probability 5 %, slower by U(15 %, 80 %).
 
-    python benchmarks/steady_state_coverage.py [--traces 1000] [--seed 0]
+    python benchmarks/steady_state_coverage.py [--traces 1000] [--seed 0] [--part all|shapes]
+        [--max-steps 20]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
+from step_time_generators import HELD_OUT, TUNED
 
 from recipeval.analysis.steady_state import (
     StoppingRule,
@@ -141,11 +147,43 @@ def calibrate(traces: list[Trace], precision: float, min_steps: int) -> float:
     return low
 
 
+def shapes(n_traces: int, seed: int, rule: StoppingRule) -> None:
+    """Section 4: honest (covers the truth, or reported not steady) at 20 steps and at the stop."""
+    print(f"4. issue-23 shapes, {n_traces} traces each; rule: rel_ci {rule.rel_ci:.0%}, min_steps "
+          f"{rule.min_steps}, max_steps {rule.max_steps} (target: honest >= 92 %)")
+    print(f"   {'family':8} {'shape':15} {'honest@20':>9} {'not steady@20':>13} {'honest@stop':>11} "
+          f"{'not steady@stop':>15} {'steps':>5} {'precise':>7} {'warm-up +/-1':>12}")
+    rng = np.random.default_rng(seed)
+    for family, generators in (("tuned", TUNED), ("held-out", HELD_OUT)):
+        for name, generate in generators.items():
+            traces = [generate(rng) for _ in range(n_traces)]
+            at20 = [steady_state(t.values[:20]) for t in traces]
+            honest20 = np.mean([e.interval.covers(t.truth) or e.trending for e, t in zip(at20, traces, strict=True)])
+            stops = [run_until_stop({"t": t.values[: rule.max_steps]}, rule) for t in traces]
+            at_stop = [d.estimates["t"] for d in stops]
+            honest = np.mean([e.interval.covers(t.truth) or e.trending
+                              for e, t in zip(at_stop, traces, strict=True)])
+            warm = [abs(detect_warmup(t.values[:20]) - t.warmup) <= 1 for t in traces if t.warmup]
+            print(f"   {family:8} {name:15} {honest20:9.1%} {np.mean([e.trending for e in at20]):13.1%} "
+                  f"{honest:11.1%} {np.mean([e.trending for e in at_stop]):15.1%} "
+                  f"{np.mean([d.steps for d in stops]):5.1f} "
+                  f"{np.mean([d.reason == 'precise' for d in stops]):7.1%} "
+                  + (f"{np.mean(warm):12.1%}" if warm else f"{'':>12}"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--traces", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--part", choices=("all", "shapes"), default="all")
+    parser.add_argument("--max-steps", type=int, default=StoppingRule().max_steps,
+                        help="max_steps of the rule in section 4")
     args = parser.parse_args()
+    if args.part == "shapes":
+        t0 = time.perf_counter()
+        shapes(args.traces, args.seed, StoppingRule(max_steps=args.max_steps))
+        print(f"\n({time.perf_counter() - t0:.0f} s)")
+        return
     rng = np.random.default_rng(args.seed)
     traces = [make_trace(rng) for _ in range(args.traces)]
     t0 = time.perf_counter()
@@ -221,6 +259,8 @@ def main() -> None:
         )
     default = StoppingRule(rel_ci=0.03, min_steps=5, max_steps=ADAPTIVE_MAX_STEPS)
     print("   default rule, min_steps 5: " + describe(adaptive(traces, default), default))
+    print()
+    shapes(args.traces, args.seed + 2, StoppingRule(max_steps=args.max_steps))
     print(f"\n({time.perf_counter() - t0:.0f} s)")
 
 

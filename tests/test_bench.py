@@ -31,14 +31,15 @@ def bench_recipe(tmp_path: Path, expect: dict | None = None, **bench: object) ->
     return path
 
 
-def miles_log(path: Path, n: int, warmup: int = 2, noise: float = 0.01, seed: int = 0) -> Path:
+def miles_log(path: Path, n: int, warmup: int = 2, noise: float = 0.01, seed: int = 0,
+              drift: float = 0.0) -> Path:
     """A miles-format log: rollout and train times around ROLLOUT and TRAIN with `warmup`
-    slow first steps; the cycle is their sum plus 10 s."""
+    slow first steps, growing by `drift` (relative) a step; the cycle is their sum plus 10 s."""
     rng = np.random.default_rng(seed)
     t = datetime(2026, 8, 5, 10, 0, 0)
     lines = []
     for i in range(n):
-        slow = 3.0 if i < warmup else 1.0
+        slow = (3.0 if i < warmup else 1.0) * (1 + drift * i)
         r = ROLLOUT * slow * (1 + noise * rng.standard_normal())
         a = TRAIN * slow * (1 + noise * rng.standard_normal())
         stamp = lambda dt, t=t: (t + timedelta(seconds=dt)).strftime("%Y-%m-%d %H:%M:%S.000")
@@ -116,6 +117,14 @@ def test_too_noisy_fails_or_warns_as_configured(cli, tmp_path):
     code, result = judged(bench_recipe(tmp_path, on_max_steps="warn"), tmp_path / "w", log)
     assert code == 0 and result["status"] == "pass"
     assert any(c["id"].startswith("precision:") and not c["ok"] for c in result["checks"])
+
+
+def test_a_drifting_run_is_reported_not_steady(tmp_path):
+    log = miles_log(tmp_path / "b.log", 30, noise=0.005, drift=0.003)
+    _, result = judged(bench_recipe(tmp_path), tmp_path / "out", log)
+    rollout = result["summary"]["metrics"]["perf/rollout_time"]
+    assert rollout["not_steady"].startswith("not steady: trend +0.3")
+    assert rollout["trend_p"] < 0.01
 
 
 def test_unlogged_metric_is_an_error_naming_it(tmp_path):

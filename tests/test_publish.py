@@ -39,13 +39,9 @@ def test_sglang_bump_jump_is_flagged_first_night_and_points_at_the_package(tmp_p
     assert reg.metric == "logprob_diff.train_rollout_logprob_abs_diff"
     # Only headline numbers and steady-state estimates are judged, not every summary number.
     judged = {m.metric for m in verdict.metrics}
-    assert judged == {
-        "logprob_diff.train_rollout_logprob_abs_diff",
-        "bench.metrics.perf/rollout_time",
-        "bench.metrics.perf/actor_train_time",
-        "bench.metrics.cycle_time",
-    }
-    assert reg.rel_change == pytest.approx(0.213 / 0.045143 - 1, rel=1e-3)
+    assert judged == {"logprob_diff.train_rollout_logprob_abs_diff", "bench.metrics.perf/rollout_time",
+                      "bench.metrics.perf/actor_train_time", "bench.metrics.cycle_time"}
+    assert reg.rel_change == pytest.approx(0.213 / 0.045 - 1, rel=1e-3)  # against the median
     changes = {(c.kind, c.key): (c.before, c.after) for c in verdict.changes}
     assert changes == {("package", "sglang"): ("0.5.16", "0.5.17")}
     doc = json.loads((results / "regression.json").read_text())
@@ -193,20 +189,45 @@ def test_junit_one_case_per_recipe_and_stage(tmp_path: Path) -> None:
     assert smoke.find("failure").get("message") == "boom"
 
 
-def test_step_time_regression_flagged_improvement_reported(tmp_path: Path) -> None:
+def test_shift_stays_reported_names_its_cause_and_ends_when_acknowledged(tmp_path: Path) -> None:
     import numpy as np
 
+    from recipeval.publish import history
+
     rng = np.random.default_rng(7)
+    noise = lambda: float(1 + 0.01 * rng.standard_normal())
     for n in range(10):
-        _publish_night(tmp_path, n, cycle=float(474 * (1 + 0.01 * rng.standard_normal())))
-    _, slow = _publish_night(tmp_path, 10, cycle=474 * 1.06)
-    (v,) = slow.verdicts.values()
+        _publish_night(tmp_path, n, cycle=474 * noise())
+    bumped = {"sglang": "0.5.16", "torch": "2.9.2", "megatron-core": "0.16.0"}
+    statuses = []
+    for n in range(10, 15):  # +6 % from night 10, with a torch bump; 1 % noise
+        _, outcome = _publish_night(tmp_path, n, cycle=474 * 1.06 * noise(), packages=bumped)
+        (v,) = outcome.verdicts.values()
+        statuses.append(v.status)
+    assert statuses[2:] == ["regressed"] * 3  # caught by the third night and kept
     assert [m.metric for m in v.regressions] == ["bench.metrics.cycle_time"]
-    _, fast = _publish_night(tmp_path, 11, cycle=474 * 0.90)
+    # "What changed" compares with the last run before the change point, not last night's run.
+    assert {(c.kind, c.key): c.after for c in v.changes} == {("package", "torch"): "2.9.2"}
+    assert v.change_run is not None
+    history.acknowledge(tmp_path / "history", v.recipe, v.change_run, note="torch 2.9.2")
+    _, after = _publish_night(tmp_path, 15, cycle=474 * 1.06 * noise(), packages=bumped)
+    assert after.ok and next(iter(after.verdicts.values())).status == "ok"
+    _, fast = _publish_night(tmp_path, 16, cycle=474 * 0.80, packages=bumped)
     (v,) = fast.verdicts.values()
     assert v.status == "improved" and [m.metric for m in v.improvements] == [
         "bench.metrics.cycle_time"
     ]
+
+
+def test_bad_acknowledgement_file_is_one_line(tmp_path: Path) -> None:
+    _publish_night(tmp_path, 0)
+    (tmp_path / "history" / "acknowledged.json").write_text('[{"recipe": "x"}]')
+    results = tmp_path / "n1"
+    write_run(results, AMD_RECIPE, night(1))
+    proc = _cli("publish", str(results), "--history", str(tmp_path / "history"), "--tables", str(results / "t"),
+                "--junit", str(results / "j.xml"), "--verdict", str(results / "v.json"), "--no-plots")
+    assert proc.returncode == 2 and "acknowledged.json: 0.run_id: Field required" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

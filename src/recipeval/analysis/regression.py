@@ -1,29 +1,48 @@
-"""Regression detection: is a new run's value a real change against the history's own noise?
+"""Regression detection over a metric's nightly history: change points, not one night's outlier.
 
-The history of one metric is split at its change points (binary segmentation: the split with
-the largest Welch t statistic, kept when significant after a Bonferroni correction over the
-candidate splits and larger than the minimum magnitude; then the right-hand part is searched
-again). The new value is judged against the last stable segment only, so a shift that history
-already absorbed is not reported again night after night, and old levels do not inflate the
-noise. The test for one new value against a segment of n values is the Student-t prediction
-interval: t = (x - mean) / (s * sqrt(1 + 1/n)), n - 1 degrees of freedom. A change is reported
-only when it is both significant (p < alpha) and at least `min_change` relative.
+The judged series is the history since the last acknowledgement (oldest first) plus tonight's
+value. It is split at its change points by binary segmentation; the level before the first
+change point is the baseline, the level after the last one is the current level, and a change
+is reported, with the night where it started, on every night until someone acknowledges it
+(publish.history: a shift is never absorbed into the baseline by waiting).
 
-With fewer than `min_history` values in the segment the noise cannot be estimated; a change
-must then exceed `short_history_band` (relative), which still catches step changes such as
-miles #2040 (train_rollout_logprob_abs_diff 0.045 -> 0.213) on the first night.
+- Noise scale: robust, so neither a shift nor a heavy-tailed night inflates it. Residuals from
+  the segments' medians; 1.4826 x MAD, then the winsorised (+/-2.5 MAD-sd) standard deviation
+  rescaled to be unbiased under normal noise (about 90 % of the sd's efficiency, where the MAD
+  alone has 37 %). The old design's segment sd grew about fourfold once shifted nights joined it.
+- Split statistic: each side winsorised at its own median +/- 3 sigma, then
+  z = (mean right - mean left) / (sigma sqrt(1/n_left + 1/n_right)). A side of one or two nights
+  cannot be winsorised (its median is its own value), so those splits are judged against Student
+  t with 3 degrees of freedom scaled to the same MAD: one heavy-tailed night is not a change,
+  yet a jump of many sigma (miles #2040, +370 %) is still caught on its first night. Larger sides
+  use Student t on the residual degrees of freedom.
+- Multiplicity (weighted Bonferroni): the splits that leave only the newest one, two or three
+  nights on the right (a shift that is starting) get 15, 15 and 50 % of alpha; all other splits
+  (older shifts, drifts), which gain evidence every night, share the remaining 20 %. A right-hand side shorter than `min_segment` is only
+  allowed at the newest nights, so an odd night inside the history is never a segment.
+- False alarms per recipe and night, not per metric: `judge_many` applies Holm's step-down over
+  the recipe's metrics to each metric's "any change" p-value, so a recipe's nightly false-alarm
+  rate is at most alpha whatever the number of metrics.
+- Practical significance: a change that is clear (significant) but under `min_change` is still
+  reported, marked small ("small but clear"), instead of being hidden until it grows.
+
+With fewer than `min_history` values the noise cannot be estimated; a change must then exceed
+`short_history_band` (relative), which still catches step changes such as miles #2040
+(train_rollout_logprob_abs_diff 0.045 -> 0.213) on the first night. Figures:
+benchmarks/regression_false_alarms.py.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 Kind = Literal["regression", "improvement", "unchanged", "no_history"]
 
@@ -34,18 +53,37 @@ _LOGPROB = re.compile(r"(logprob|_kl\b|kl$)", re.IGNORECASE)
 
 # Metric names where a larger value is better; everything else (times, logprob differences,
 # KL, errors) is better when smaller.
-_HIGHER_IS_BETTER = re.compile(
-    r"(per_sec|per_s\b|tok_per_s|tokens_per|tflops|throughput|mfu)", re.IGNORECASE
-)
+_HIGHER_IS_BETTER = re.compile(r"(per_sec|per_s\b|tok_per_s|tokens_per|tflops|throughput|mfu)", re.IGNORECASE)
+
+MAD_TO_SIGMA = 1.4826
+SCALE_WINSOR = 2.5  # residuals beyond this many MAD-sd are clipped for the noise scale
+SIDE_WINSOR = 3.0  # values beyond this many sigma from their side's median are clipped
+# Shares of alpha for the splits leaving the newest 1, 2, 3 nights on the right; the rest goes
+# to the older splits (an established shift, a drift), which gain evidence every night. Most
+# goes to three nights: one or two are judged against a heavy-tailed reference and catch only
+# large jumps, which have p-values far below any share.
+NEW_SHARES = (0.15, 0.15, 0.5)
+SMALL_SIDE = 2  # sides this short cannot be winsorised: judged against a heavy-tailed reference
+TAIL_DF = 3
+# Timings are logged with a few significant digits: the noise scale never drops below this
+# share of the level, so rounding alone is never a change.
+MIN_REL_SIGMA = 1e-4
+# E[min(Z^2, c^2)] for standard normal Z: rescales the winsorised variance to the normal one.
+_WINSOR_VAR = float((2 * special.ndtr(SCALE_WINSOR) - 1)
+                    - 2 * SCALE_WINSOR * stats.norm.pdf(SCALE_WINSOR)
+                    + 2 * SCALE_WINSOR**2 * special.ndtr(-SCALE_WINSOR))
+# Median absolute value of Student t(TAIL_DF), to put the heavy-tailed reference on the MAD scale.
+_TAIL_MAD = float(stats.t.ppf(0.75, TAIL_DF))
+_NORMAL_MAD = float(stats.norm.ppf(0.75))
 
 
 @dataclass(frozen=True)
 class RegressionSettings:
-    min_change: float = 0.05
-    alpha: float = 0.01
+    min_change: float = 0.05  # practical significance: clear changes under it are "small"
+    alpha: float = 0.01  # false alarms per recipe and night (Holm over the recipe's metrics)
     min_history: int = 3
     short_history_band: float = 0.20
-    min_segment: int = 2
+    min_segment: int = 2  # shortest segment inside the history (the newest nights may be fewer)
 
 
 @dataclass(frozen=True)
@@ -55,11 +93,14 @@ class MetricVerdict:
     value: float
     baseline: float | None
     baseline_n: int
-    baseline_start: int  # index into the history where the stable segment begins
+    baseline_start: int  # index into the history where the baseline segment begins
     rel_change: float | None
     p_value: float | None
     higher_is_better: bool
     reason: str
+    # Index, in history + [value], of the first night at the new level (None: no change point).
+    change_index: int | None = None
+    small: bool = False  # significant but under min_change: "small but clear"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,68 +120,141 @@ def _rel(new: float, old: float) -> float:
     return (new - old) / abs(old)
 
 
-def _best_split(x: np.ndarray, min_segment: int) -> tuple[int, float]:
-    """Split index with the largest |Welch t| and its p-value (1.0 when none can be formed).
-    All candidate splits at once from cumulative sums (the per-split scipy call was the cost)."""
-    n = len(x)
-    k = np.arange(min_segment, n - min_segment + 1)
-    if len(k) == 0:
-        return 0, 1.0
-    c1, c2 = np.cumsum(x), np.cumsum(x * x)
-    n1, n2 = k.astype(float), (n - k).astype(float)
-    s1, q1 = c1[k - 1], c2[k - 1]
-    s2, q2 = c1[-1] - s1, c2[-1] - q1
-    m1, m2 = s1 / n1, s2 / n2
-    v1 = np.maximum(q1 - n1 * m1 * m1, 0.0) / (n1 - 1)
-    v2 = np.maximum(q2 - n2 * m2 * m2, 0.0) / (n2 - 1)
-    se2 = v1 / n1 + v2 / n2
-    diff = np.abs(m1 - m2)
-    # Rounding leaves tiny variances on flat segments: treat them as exactly flat.
-    flat = se2 <= (1e-12 * np.maximum(np.abs(m1), np.abs(m2))) ** 2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(flat, np.where(diff > 0, np.inf, 0.0), diff / np.sqrt(se2))
-    best = int(np.argmax(t))
-    if not np.isfinite(t[best]):
-        return int(k[best]), 0.0
-    if t[best] == 0:
-        return 0, 1.0
-    a, b = v1[best] / n1[best], v2[best] / n2[best]
-    df = (a + b) ** 2 / (a * a / (n1[best] - 1) + b * b / (n2[best] - 1))
-    return int(k[best]), float(2 * stats.t.sf(t[best], df))
+def _segments(n: int, starts: Sequence[int]) -> list[tuple[int, int]]:
+    bounds = [0, *sorted(starts), n]
+    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
 
-def change_points(
-    values: Sequence[float], settings: RegressionSettings = RegressionSettings()
-) -> list[int]:
-    """Indices where a new level starts, searching right of each accepted split."""
+def noise_scale(values: Sequence[float] | np.ndarray, starts: Sequence[int] | None = None) -> float:
+    """Robust night-to-night noise sd of `values` split at `starts` (see the module docstring).
+    Without `starts` (change points not yet known) it is taken from the nightly differences,
+    divided by sqrt(2): a shift moves only one difference, where it would move every residual
+    from a median."""
     x = np.asarray(values, dtype=float)
+    if starts is None:
+        resid = np.diff(x) / math.sqrt(2)
+    else:
+        resid = np.concatenate([x[a:b] - np.median(x[a:b]) for a, b in _segments(len(x), starts)])
+    floor = MIN_REL_SIGMA * float(np.median(np.abs(x))) if len(x) else 0.0
+    mad_sd = MAD_TO_SIGMA * float(np.median(np.abs(resid - np.median(resid))))
+    if mad_sd <= 0:
+        return max(floor, np.finfo(float).tiny)
+    clipped = np.clip(resid - np.median(resid), -SCALE_WINSOR * mad_sd, SCALE_WINSOR * mad_sd)
+    return max(math.sqrt(float(np.mean(clipped**2)) / _WINSOR_VAR), floor)
+
+
+def _winsorised_mean(x: np.ndarray, sigma: float) -> float:
+    med = float(np.median(x))
+    return float(np.clip(x, med - SIDE_WINSOR * sigma, med + SIDE_WINSOR * sigma).mean())
+
+
+def _split_z(left: np.ndarray, right: np.ndarray, sigma: float) -> float:
+    """Standardised level change between two sides, each winsorised at its own median."""
+    diff = _winsorised_mean(right, sigma) - _winsorised_mean(left, sigma)
+    return diff / (sigma * math.sqrt(1 / len(left) + 1 / len(right)))
+
+
+def _all_split_z(seg: np.ndarray, sigma: float) -> np.ndarray:
+    """_split_z at every split k = 1 .. len(seg) - 1 at once (row k-1 of a masked matrix)."""
+    n = len(seg)
+    k = np.arange(1, n)
+    left_mask = np.arange(n)[None, :] < k[:, None]
+    means = []
+    for mask in (left_mask, ~left_mask):
+        side = np.where(mask, seg[None, :], np.nan)
+        med = np.nanmedian(side, axis=1, keepdims=True)
+        means.append(np.nanmean(np.clip(side, med - SIDE_WINSOR * sigma, med + SIDE_WINSOR * sigma),
+                                axis=1))
+    return (means[1] - means[0]) / (sigma * np.sqrt(1 / k + 1 / (n - k)))
+
+
+def _two_sided_p(z: np.ndarray, smaller_side: np.ndarray, df: float) -> np.ndarray:
+    """Two-sided p-values of split statistics; sides of SMALL_SIDE nights or fewer against the
+    heavy-tailed reference on the MAD scale (see the module docstring)."""
+    heavy = 2 * special.stdtr(TAIL_DF, -np.abs(z) * _TAIL_MAD / _NORMAL_MAD)
+    light = 2 * special.stdtr(df, -np.abs(z))
+    return np.where(smaller_side <= SMALL_SIDE, heavy, light)
+
+
+def _best_split(x: np.ndarray, a: int, b: int, n: int, sigma: float, df: float,
+                min_segment: int) -> tuple[int, float]:
+    """Most significant split of x[a:b] and its multiplicity-adjusted p-value (weighted
+    Bonferroni with the NEW_SHARES of alpha). (0, 1.0) when none can be formed."""
+    newest = list(range(max(a + min_segment, b - len(NEW_SHARES)), b)) if b == n else []
+    inner = [k for k in range(a + min_segment, b - min_segment + 1) if k not in newest]
+    ks = np.array(newest + inner, dtype=int)
+    if len(ks) == 0:
+        return 0, 1.0
+    z = _all_split_z(x[a:b], sigma)[ks - a - 1]
+    smaller = np.minimum(ks - a, b - ks)
+    # Each split's share of alpha: the newest by how many nights they leave on the right, the
+    # older ones equally; renormalised over the splits this segment has.
+    older = (1 - sum(NEW_SHARES)) / len(inner) if inner else 0.0
+    share = np.array([NEW_SHARES[b - k - 1] for k in newest] + [older] * len(inner))
+    p = np.minimum(1.0, _two_sided_p(z, smaller, df) * share.sum() / share)
+    best = int(np.argmin(p))
+    return int(ks[best]), float(p[best])
+
+
+def change_points(values: Sequence[float], settings: RegressionSettings = RegressionSettings(),
+                  alpha: float | None = None) -> list[int]:
+    """Indices where a new level starts (binary segmentation; see the module docstring)."""
+    return _segmentation(np.asarray(values, dtype=float), settings,
+                         settings.alpha if alpha is None else alpha)[0]
+
+
+def _segmentation(x: np.ndarray, settings: RegressionSettings,
+                  alpha: float) -> tuple[list[int], float, float]:
+    """(change points, the first split's adjusted p-value, noise sd)."""
+    n = len(x)
+    sigma = noise_scale(x)
     found: list[int] = []
-    start = 0
-    while len(x) - start >= 2 * settings.min_segment:
-        seg = x[start:]
-        k, p = _best_split(seg, settings.min_segment)
-        candidates = len(seg) - 2 * settings.min_segment + 1
-        if k == 0 or p * candidates >= settings.alpha:
+    first_p = 1.0
+    for _ in range(2):  # the scale from found segments is cleaner: search once more with it
+        df = max(1.0, 0.9 * (n - len(found) - 1))
+        found, pending, first_p = [], [(0, n)], 1.0
+        top = True
+        while pending:
+            a, b = pending.pop()
+            k, p = _best_split(x, a, b, n, sigma, df, settings.min_segment)
+            if top:
+                first_p, top = p, False
+            if k and p < alpha:
+                found.append(k)
+                pending += [(a, k), (k, b)]
+        if not found:
+            # Nothing found: the differences' scale stands (the residuals from one median
+            # would be inflated by a shift too small to be found yet).
             break
-        if abs(_rel(seg[k:].mean(), seg[:k].mean())) < settings.min_change:
-            break
-        found.append(start + k)
-        start += k
-    return found
+        found = _refine(x, sorted(found), sigma)
+        sigma = noise_scale(x, found)
+    return found, first_p, sigma
 
 
-def last_stable_segment(
-    values: Sequence[float], settings: RegressionSettings = RegressionSettings()
-) -> tuple[int, int]:
-    """[start, end) of the newest segment with at least `min_history` runs. A newer, shorter
-    segment is a shift not yet established: its runs are still judged against the level before
-    it, so a shift missed on its first night (noise pulled it under `min_change`) is reported
-    on the next ones, until it has lasted `min_history` runs."""
-    starts = [0, *change_points(values, settings)]
-    end = len(values)
-    if len(starts) > 1 and end - starts[-1] < settings.min_history:
-        return starts[-2], starts[-1]
-    return starts[-1], end
+def _refine(x: np.ndarray, points: list[int], sigma: float) -> list[int]:
+    """Move each change point to the least-squares split between its neighbours (largest
+    |mean difference| x sqrt(n_left n_right)): the search weighs the newest splits by their
+    reference distribution and winsorises each side, which can favour a right side of three
+    nights (one of them clipped) over the two that really moved; "what changed" needs the
+    right night."""
+    out = list(points)
+    for i in range(len(out)):
+        lo = out[i - 1] if i else 0
+        hi = out[i + 1] if i + 1 < len(out) else len(x)
+        seg = x[lo:hi]
+        k = np.arange(1, len(seg))
+        left = np.cumsum(seg)[:-1] / k
+        right = (seg.sum() - left * k) / (len(seg) - k)
+        out[i] = lo + int(k[np.argmax(np.abs(right - left) * np.sqrt(k * (len(seg) - k)))])
+    return out
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    metric: str
+    history: np.ndarray
+    value: float
+    p_any: float
 
 
 def judge(
@@ -149,63 +263,105 @@ def judge(
     value: float,
     settings: RegressionSettings = RegressionSettings(),
 ) -> MetricVerdict:
-    """Judge `value` against `history` (oldest first, non-finite values ignored)."""
-    better_up = higher_is_better(metric)
-    hist = np.asarray([v for v in history if v is not None and math.isfinite(v)], dtype=float)
-    if not math.isfinite(value):
-        return MetricVerdict(
-            metric,
-            "regression",
-            value,
-            None,
-            len(hist),
-            0,
-            None,
-            None,
-            better_up,
-            "value is not finite",
-        )
-    if len(hist) == 0:
-        return MetricVerdict(
-            metric,
-            "no_history",
-            value,
-            None,
-            0,
-            0,
-            None,
-            None,
-            better_up,
-            "first run of this metric",
-        )
-    start, end = last_stable_segment(hist, settings)
-    seg = hist[start:end]
-    mean = float(seg.mean())
-    rel = _rel(value, mean)
-    worse = rel > 0 if not better_up else rel < 0
-    if len(seg) < settings.min_history:
-        band = max(settings.min_change, settings.short_history_band)
-        changed = abs(rel) >= band
-        p_value = None
-        reason = f"{abs(rel):.1%} vs the mean of {len(seg)} run(s); short history: band {band:.0%}"
-    else:
-        sd = float(seg.std(ddof=1))
-        n = len(seg)
-        if sd == 0:
-            p_value = 0.0 if value != mean else 1.0
+    """Judge `value` after `history` (oldest first, non-finite values ignored), one metric alone."""
+    return judge_many({metric: (history, value)}, settings)[metric]
+
+
+def _clean(history: Sequence[float]) -> np.ndarray:
+    return np.asarray([v for v in history if v is not None and math.isfinite(v)], dtype=float)
+
+
+def judge_many(
+    series: Mapping[str, tuple[Sequence[float], float]],
+    settings: RegressionSettings = RegressionSettings(),
+) -> dict[str, MetricVerdict]:
+    """Judge one recipe's metrics together (metric -> (history, tonight's value)): the
+    recipe's nightly false-alarm rate is held at `alpha` by Holm's step-down over the metrics'
+    "any change" p-values."""
+    out: dict[str, MetricVerdict] = {}
+    candidates: list[_Candidate] = []
+    for metric, (history, value) in series.items():
+        hist = _clean(history)
+        better_up = higher_is_better(metric)
+        if not math.isfinite(value):
+            out[metric] = MetricVerdict(metric, "regression", value, None, len(hist), 0, None, None,
+                                        better_up, "value is not finite")
+        elif len(hist) == 0:
+            out[metric] = MetricVerdict(metric, "no_history", value, None, 0, 0, None, None,
+                                        better_up, "first run of this metric")
+        elif len(hist) < settings.min_history:
+            out[metric] = _short_history(metric, hist, value, settings)
         else:
-            t = (value - mean) / (sd * math.sqrt(1 + 1 / n))
-            p_value = float(2 * stats.t.sf(abs(t), df=n - 1))
-        changed = p_value < settings.alpha and abs(rel) >= settings.min_change
-        reason = (
-            f"{rel:+.1%} vs {mean:.4g} (last stable {n} runs, sd {sd:.3g}); p={p_value:.2g}, "
-            f"needs p<{settings.alpha:g} and |change|>={settings.min_change:.0%}"
-        )
+            x = np.append(hist, value)
+            p_any = _segmentation(x, settings, settings.alpha)[1]
+            candidates.append(_Candidate(metric, hist, float(value), p_any))
+    # Holm: the i-th smallest p-value (0-based) is tested at alpha / (m - i); stop at the first
+    # that fails, and every later one fails too.
+    ranked = sorted(candidates, key=lambda c: c.p_any)
+    still = True
+    for i, cand in enumerate(ranked):
+        level = settings.alpha / (len(ranked) - i)
+        still = still and cand.p_any < level
+        out[cand.metric] = _verdict(cand, settings, level if still else 0.0)
+    return {m: out[m] for m in series}
+
+
+def _short_history(metric: str, hist: np.ndarray, value: float,
+                   settings: RegressionSettings) -> MetricVerdict:
+    mean = float(hist.mean())
+    rel = _rel(value, mean)
+    band = max(settings.min_change, settings.short_history_band)
+    changed = abs(rel) >= band
+    reason = f"{abs(rel):.1%} vs the mean of {len(hist)} run(s); short history: band {band:.0%}"
+    changed, reason = _apply_floor(metric, changed, value - mean, reason)
+    better_up = higher_is_better(metric)
+    kind: Kind = "unchanged"
+    if changed:
+        kind = "regression" if (rel < 0 if better_up else rel > 0) else "improvement"
+    return MetricVerdict(metric, kind, float(value), mean, len(hist), 0, rel, None, better_up,
+                         reason, len(hist) if changed else None)
+
+
+def _apply_floor(metric: str, changed: bool, delta: float, reason: str) -> tuple[bool, str]:
     floor = abs_floor(metric)
-    if changed and abs(value - mean) < floor:
-        changed = False
-        reason += f"; |change| {abs(value - mean):.2g} under the absolute floor {floor:g}"
-    kind: Kind = ("regression" if worse else "improvement") if changed else "unchanged"
-    return MetricVerdict(
-        metric, kind, float(value), mean, len(seg), start, rel, p_value, better_up, reason
-    )
+    if changed and abs(delta) < floor:
+        return False, reason + f"; |change| {abs(delta):.2g} under the absolute floor {floor:g}"
+    return changed, reason
+
+
+def _verdict(cand: _Candidate, settings: RegressionSettings, level: float) -> MetricVerdict:
+    """The verdict of one metric whose "any change" test was run at `level` (0: failed Holm)."""
+    metric, value = cand.metric, cand.value
+    better_up = higher_is_better(metric)
+    x = np.append(cand.history, value)
+    points, _, sigma = _segmentation(x, settings, level) if level > 0 else ([], 1.0, noise_scale(x, []))
+    first, last = (points[0], points[-1]) if points else (len(x), 0)
+    base, current = x[:first], x[last:]
+    baseline = float(np.median(base))
+    if not points:
+        rel = _rel(value, baseline)
+        reason = (f"{rel:+.1%} vs {baseline:.4g} (median of {len(base)} runs, noise sd {sigma:.3g}); "
+                  f"no change point at alpha {settings.alpha:g} per recipe and night")
+        return MetricVerdict(metric, "unchanged", value, baseline, len(base), 0, rel, cand.p_any,
+                             better_up, reason)
+    level_now = float(np.median(current))
+    rel = _rel(level_now, baseline)
+    df = max(1.0, 0.9 * (len(x) - len(points) - 1))
+    p_net = float(_two_sided_p(np.array([_split_z(base, current, sigma)]),
+                               np.array([min(len(base), len(current))]), df)[0])
+    changed = p_net < settings.alpha
+    nights = len(x) - first
+    reason = (f"{rel:+.1%}: level {level_now:.4g} over the last {len(current)} night(s) against "
+              f"{baseline:.4g} before the change point {nights} night(s) ago (noise sd "
+              f"{sigma:.3g}, p={p_net:.2g}, {len(points)} change point(s))")
+    changed, reason = _apply_floor(metric, changed, level_now - baseline, reason)
+    small = changed and abs(rel) < settings.min_change
+    if small:
+        reason = f"small but clear: {reason}; under min_change {settings.min_change:.0%}"
+    if not changed:
+        reason += "; the level returned: no net change"
+    kind: Kind = "unchanged"
+    if changed:
+        kind = "regression" if (rel < 0 if better_up else rel > 0) else "improvement"
+    return MetricVerdict(metric, kind, value, baseline, len(base), 0, rel, p_net, better_up, reason,
+                         first if changed else None, small)

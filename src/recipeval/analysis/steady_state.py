@@ -10,6 +10,10 @@ Choices, and why (figures from benchmarks/steady_state_coverage.py):
   the steps after the first cut); the warm-up ends at the first step that lies within
   `z` robust standard deviations of that level. Slow (or fast) early steps are what a warm-up
   is; a lone slow step later on cannot move the cut, because only the leading run counts.
+  A gradual warm-up (exponential decay over 2-5 steps, a linear ramp) falls under that bound
+  before it is over: the steps right after the cut stay warm-up while they are still
+  WARMUP_TAIL_Z robust sd on the warm-up's side (found within one step in 93-97 % of such
+  traces at 20 steps, where the single-step cut under-cut about half of them).
   MSER (minimise the squared standard error of the truncated mean) was measured too: its
   squared loss makes it chase the odd slow step and any boundary point 1.4 sigma off, and it
   found the true warm-up within one step in only 55-75 % of traces with outliers, against
@@ -26,6 +30,20 @@ Choices, and why (figures from benchmarks/steady_state_coverage.py):
   first nine steady ones (nothing is trimmed there) kept the interval wide for several more
   steps: dropping it took the steps to a verdict at the precision of NeMo-RL's schedule from
   7.2 to 6.7-6.8 (10 fixed), and at Megatron's from 13.9 to 12.9-13.3 (20 fixed).
+- Odd or recurring: a far step is only dropped once RECUR_WINDOW (10) steps have followed it
+  without another like it, and when far steps recur on one side (at least two, RECUR_SHARE of
+  the steps) none is odd and the level is their plain mean with the others: a slow step every
+  5th step is the steady state. Before, the first slow step was dropped as odd at about step
+  8 and the fast level was reported "precise" (issue 23). The price: an odd step keeps the
+  interval wide for ten steps before it can be dropped.
+- Correlated steps: a slow node or a shared file system stays slow for a few steps, and the
+  i.i.d. interval covered 71-78 % under AR(1) phi 0.5. The variance is the AR(1) spectral
+  variance at frequency zero (variance x (1 + r) / (1 - r), Student t on the effective step
+  count), with r an upper bound (estimate + 1 sd) of the bias-corrected lag-1
+  autocorrelation, from AUTOCORR_MIN_STEPS (10) steps on; hence min_steps 10.
+- Trend: least-squares slope over the steady steps, its variance widened the same way; a
+  slope with p < TREND_ALPHA that moved the level by at least TREND_MIN_MOVE is "not steady:
+  trend +x % per step", and the rule does not stop "precise" on it.
 - Interval: the 10 % trimmed mean with the Tukey-McLaughlin interval (Yuen's winsorised
   standard error, Student t on h - 1 degrees of freedom), not a bootstrap. The trimmed mean
   drops one odd slow step in every ten yet keeps about 97 % of the mean's efficiency under
@@ -64,6 +82,30 @@ TRIM = 0.1
 MAD_TO_SIGMA = 1.4826
 # Two-sided p-value below which a steady step is odd: that of a WARMUP_Z deviation.
 ODD_STEP_ALPHA = float(2 * special.ndtr(-WARMUP_Z))
+# A far step is only odd once this many steps have followed it without another like it: a slow
+# step every k-th step (k <= RECUR_WINDOW) is then seen to recur before it could be dropped.
+RECUR_WINDOW = 10
+# Far steps on one side that make up at least this share of the steady steps recur: the level
+# is their plain mean with the others (a trimmed mean would cut the recurring slow steps).
+RECUR_SHARE = 0.15
+# After a warm-up, the steps that follow are warm-up too while still this many robust sd on its
+# side of the level: a gradual warm-up (exponential or linear) tails off under WARMUP_Z long
+# before it is over, and an under-cut biases the level.
+WARMUP_TAIL_Z = 1.5
+# The trend test: a slope with a two-sided p-value under this is "not steady".
+TREND_ALPHA = 0.01
+# ...and it moved the level by at least this share over the steady steps (under any rel_ci a
+# recipe would ask for: a slope that small is not worth a "not steady").
+TREND_MIN_MOVE = 0.005
+# The lag-1 autocorrelation used for the variance is capped here (the variance factor
+# (1 + r) / (1 - r) is then 9), and only estimated from this many steps on: its bias
+# correction multiplies the estimate's error by n / (n - 3), so on fewer steps it swings the
+# interval from narrow to unbounded between one step and the next, and the stopping rule
+# stops on the lucky-narrow ones. Below it the steps are taken as independent (min_steps
+# should not be below it; see StoppingRule).
+MAX_AUTOCORR = 0.8
+AUTOCORR_MIN_STEPS = 10
+AUTOCORR_UPPER_Z = 1.0
 
 StopReason = Literal["precise", "max_steps", "continue"]
 
@@ -99,17 +141,45 @@ def detect_warmup(values: Sequence[float] | np.ndarray, z: float = WARMUP_Z) -> 
     cap = n // 2
     warmup = min(_leading_outside(x, *_level_and_spread(x[n - cap :]), z), cap)
     # Second pass: the steps after the first cut are a larger, cleaner steady sample.
-    return min(_leading_outside(x, *_level_and_spread(x[warmup:]), z), cap)
+    level, spread = _level_and_spread(x[warmup:])
+    warmup = min(_leading_outside(x, level, spread, z), cap)
+    if warmup == 0:
+        return 0
+    # A gradual warm-up's tail: still on the warm-up's side of the level by WARMUP_TAIL_Z.
+    side = math.copysign(1.0, x[warmup - 1] - level)
+    while warmup < cap and side * (x[warmup] - level) > WARMUP_TAIL_Z * spread:
+        warmup += 1
+    return warmup
 
 
-def odd_steps(
-    values: Sequence[float] | np.ndarray, alpha: float = ODD_STEP_ALPHA, max_share: float = TRIM
-) -> np.ndarray:
+def odd_steps(values: Sequence[float] | np.ndarray, alpha: float = ODD_STEP_ALPHA,
+              max_share: float = TRIM, recur_window: int = RECUR_WINDOW) -> np.ndarray:
     """Mask of the odd steps of a steady series (see the module docstring): repeatedly, the
     most extreme step is odd when its externally studentised residual has a two-sided p-value
-    below `alpha`; at most ceil(max_share * n) steps, each tested among at least four."""
+    below `alpha` and at least `recur_window` steps have followed it; at most
+    ceil(max_share * n) steps, each tested among at least four. None when far steps recur."""
+    if recurring(values):
+        return np.zeros(len(np.asarray(values).ravel()), dtype=bool)
+    return _odd_mask(values, alpha, max_share, recur_window)
+
+
+def recurring(values: Sequence[float] | np.ndarray, z: float = WARMUP_Z) -> bool:
+    """Whether far steps (beyond `z` robust sd of the median) recur: at least two on one side,
+    and at least RECUR_SHARE of the steps. A slow step every fifth rollout is part of the
+    steady state, not a string of odd steps."""
+    x = _finite(values)
+    if len(x) < 4:
+        return False
+    level, spread = _level_and_spread(x)
+    far = (x - level) / spread
+    return any(int(n) >= 2 and n >= RECUR_SHARE * len(x) for n in ((far > z).sum(), (far < -z).sum()))
+
+
+def _odd_mask(values: Sequence[float] | np.ndarray, alpha: float, max_share: float,
+              recur_window: int) -> np.ndarray:
     x = np.asarray(values, dtype=float).ravel()
     odd = ~np.isfinite(x)
+    steps_after = int((~odd).sum()) - np.cumsum(~odd)
     limit = math.ceil(max_share * int((~odd).sum()))
     for _ in range(limit):
         kept = np.flatnonzero(~odd)
@@ -124,7 +194,8 @@ def odd_steps(
             residual = abs(x[candidate] - others.mean()) / sd if sd > 0 else 0.0
             if residual > worst_t:
                 worst, worst_t = int(candidate), residual
-        if worst < 0:
+        # Too recent to tell from a step that recurs: kept for now (it widens the interval).
+        if worst < 0 or steps_after[worst] < recur_window:
             break
         odd[worst] = True
     return odd & np.isfinite(x)
@@ -180,6 +251,78 @@ def trimmed_mean_interval(
     return Interval(estimate, estimate - half, estimate + half, n, confidence)
 
 
+def lag1_autocorrelation(values: Sequence[float] | np.ndarray) -> float:
+    """Lag-1 autocorrelation of a series in step order, corrected for its small-sample bias
+    (E[r] ~ phi - (1 + 3 phi) / n for an AR(1) with unknown mean) and kept in
+    [0, MAX_AUTOCORR]: negative estimates from a few steps are mostly noise, and would narrow
+    the interval. 0 below AUTOCORR_MIN_STEPS steps."""
+    x = _finite(values)
+    n = len(x)
+    if n < AUTOCORR_MIN_STEPS:
+        return 0.0
+    d = x - x.mean()
+    den = float(d @ d)
+    if den <= 0:
+        return 0.0
+    r = (n * float(d[1:] @ d[:-1]) / den + 1) / (n - 3)
+    # An upper confidence bound rather than the estimate: on 10-20 steps the estimate's error
+    # (sd about sqrt((1 - r^2) / n)) is as large as the correlation, and the stopping rule
+    # would stop on the steps where it happens to be low.
+    r += AUTOCORR_UPPER_Z * math.sqrt(max(1 - r * r, 0.0) / n)
+    return min(max(r, 0.0), MAX_AUTOCORR)
+
+
+def correlated_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95,
+                        trim: float = TRIM) -> Interval:
+    """trimmed_mean_interval with a variance that stays honest when steps are correlated (a
+    slow node or a shared file system stays slow for a few steps): the spectral variance at
+    frequency zero of an AR(1) fitted to the (winsorised) steps, i.e. the variance times
+    (1 + r) / (1 - r) with r the bias-corrected lag-1 autocorrelation, and Student t on the
+    effective number of steps less one. `values` must be in step order."""
+    x = _finite(values)
+    base = trimmed_mean_interval(x, confidence, trim)
+    n = len(x)
+    if not math.isfinite(base.low) or base.width == 0:
+        return base
+    cut = int(trim * n)
+    ordered = np.sort(x)
+    r = lag1_autocorrelation(np.clip(x, ordered[cut], ordered[n - cut - 1]))
+    if r == 0:
+        return base
+    factor = (1 + r) / (1 - r)
+    kept = n - 2 * cut
+    q = 0.5 + confidence / 2
+    se = (base.high - base.estimate) / float(special.stdtrit(kept - 1, q))
+    half = float(special.stdtrit(max((kept - 1) / factor, 1.0), q)) * se * math.sqrt(factor)
+    return Interval(base.estimate, base.estimate - half, base.estimate + half, n, confidence)
+
+
+def trend(values: Sequence[float] | np.ndarray,
+          positions: Sequence[int] | np.ndarray | None = None) -> tuple[float, float]:
+    """Least-squares slope of the steps against their positions, relative to their mean (per
+    step), and its two-sided p-value, with the slope's variance widened for correlated steps as
+    in correlated_interval (from the residuals' autocorrelation, so the trend itself is not
+    taken for correlation). (0.0, 1.0) below six steps."""
+    y = np.asarray(values, dtype=float).ravel()
+    t = np.arange(len(y), dtype=float) if positions is None else np.asarray(positions, float)
+    ok = np.isfinite(y)
+    y, t = y[ok], t[ok]
+    n = len(y)
+    if n < 6 or not y.mean():
+        return 0.0, 1.0
+    tc = t - t.mean()
+    sxx = float(tc @ tc)
+    slope = float(tc @ (y - y.mean())) / sxx
+    resid = y - y.mean() - slope * tc
+    rss = float(resid @ resid)
+    if rss <= 0:
+        return slope / abs(float(y.mean())), 0.0 if slope else 1.0
+    factor = (1 + (r := lag1_autocorrelation(resid))) / (1 - r)
+    se = math.sqrt(rss / (n - 2) / sxx * factor)
+    p = float(2 * special.stdtr(max((n - 2) / factor, 1.0), -abs(slope) / se))
+    return slope / abs(float(y.mean())), p
+
+
 @dataclass(frozen=True)
 class SteadyEstimate:
     """Steady-state summary of one metric's series."""
@@ -189,24 +332,36 @@ class SteadyEstimate:
     warmup: int  # leading values dropped as warm-up
     interval: Interval  # over the steady values less the odd ones
     odd: tuple[int, ...] = ()  # positions (among the finite values) of odd steps dropped
+    trend: float = 0.0  # least-squares slope over the steady steps, relative, per step
+    trend_p: float = 1.0  # its two-sided p-value
+    recurring: bool = False  # far steps recur (kept as part of the steady state)
 
     @property
     def used(self) -> int:
         return self.interval.n
 
+    @property
+    def trending(self) -> bool:
+        """A significant trend that moved the level by at least TREND_MIN_MOVE over the steady
+        steps: there is no steady level to report."""
+        moved = abs(self.trend) * max(self.used - 1, 0)
+        return self.trend_p < TREND_ALPHA and moved >= TREND_MIN_MOVE
+
+    @property
+    def not_steady(self) -> str:
+        """Why the series has no steady level ("" when it has one)."""
+        if not self.trending:
+            return ""
+        return f"not steady: trend {self.trend:+.2%} per step (p={self.trend_p:.1g})"
+
     def to_dict(self) -> dict[str, float | int | str]:
         iv = self.interval
         return {
-            "metric": self.metric,
-            "estimate": iv.estimate,
-            "low": iv.low,
-            "high": iv.high,
-            "rel_width": iv.rel_width,
-            "confidence": iv.confidence,
-            "steps": self.steps,
-            "warmup": self.warmup,
-            "odd": len(self.odd),
-            "used": iv.n,
+            "metric": self.metric, "estimate": iv.estimate, "low": iv.low, "high": iv.high,
+            "rel_width": iv.rel_width, "confidence": iv.confidence, "steps": self.steps,
+            "warmup": self.warmup, "odd": len(self.odd), "used": iv.n,
+            "trend_per_step": self.trend, "trend_p": self.trend_p, "recurring": self.recurring,
+            "not_steady": self.not_steady,
         }
 
 
@@ -221,9 +376,8 @@ def steady_state(
     return _estimate(_finite(values), metric, confidence, z, min_steady=0)
 
 
-def _estimate(
-    x: np.ndarray, metric: str, confidence: float, z: float, min_steady: int
-) -> SteadyEstimate:
+def _estimate(x: np.ndarray, metric: str, confidence: float, z: float,
+              min_steady: int) -> SteadyEstimate:
     """steady_state over finite values; with fewer than `min_steady` steady values the interval
     is left unformed (NaN), which keeps the stopping rule cheap on its early calls."""
     warmup = detect_warmup(x, z)
@@ -231,11 +385,13 @@ def _estimate(
     if len(steady) < min_steady:
         unformed = Interval(math.nan, math.nan, math.nan, len(steady), confidence)
         return SteadyEstimate(metric, len(x), warmup, unformed)
+    recurs = recurring(steady)
     odd = odd_steps(steady)
-    interval = trimmed_mean_interval(steady[~odd], confidence)
-    return SteadyEstimate(
-        metric, len(x), warmup, interval, tuple(int(i) + warmup for i in np.flatnonzero(odd))
-    )
+    kept = steady[~odd]
+    interval = correlated_interval(kept, confidence, trim=0.0 if recurs else TRIM)
+    slope, p = trend(kept, np.flatnonzero(~odd))
+    return SteadyEstimate(metric, len(x), warmup, interval,
+                          tuple(int(i) + warmup for i in np.flatnonzero(odd)), slope, p, recurs)
 
 
 @dataclass(frozen=True)
@@ -248,8 +404,8 @@ class StoppingRule:
     """
 
     rel_ci: float = 0.03
-    min_steps: int = 5
-    max_steps: int = 20
+    min_steps: int = AUTOCORR_MIN_STEPS  # fewer: stops before correlation can be checked
+    max_steps: int = 40
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
@@ -276,10 +432,14 @@ class StopDecision:
 
 
 def is_precise(est: SteadyEstimate, rule: StoppingRule) -> bool:
-    return est.used >= rule.min_steps and est.interval.rel_width <= rule.rel_ci
+    """Enough steady steps, an interval narrow enough, and no trend."""
+    return (est.used >= rule.min_steps and est.interval.rel_width <= rule.rel_ci
+            and not est.trending)
 
 
-def decide(series: Mapping[str, Sequence[float] | np.ndarray], rule: StoppingRule) -> StopDecision:
+def decide(
+    series: Mapping[str, Sequence[float] | np.ndarray], rule: StoppingRule
+) -> StopDecision:
     """Apply the stopping rule to the series observed so far (metric -> values, step order).
 
     Cheap enough to call after every step: intervals are only formed once a metric has
@@ -290,13 +450,8 @@ def decide(series: Mapping[str, Sequence[float] | np.ndarray], rule: StoppingRul
     estimates: dict[str, SteadyEstimate] = {}
     all_precise = bool(series)
     for metric, values in series.items():
-        est = _estimate(
-            _finite(values),
-            metric,
-            rule.confidence,
-            WARMUP_Z,
-            min_steady=0 if final else rule.min_steps,
-        )
+        est = _estimate(_finite(values), metric, rule.confidence, WARMUP_Z,
+                        min_steady=0 if final else rule.min_steps)
         estimates[metric] = est
         all_precise = all_precise and is_precise(est, rule)
     if all_precise:

@@ -1,24 +1,22 @@
 """A run against its history: a regression verdict per metric and, where something changed,
-what differs from the last good run (recipe values, packages, trainer revision, machine)."""
+what differs between the last run before the change point and this run (recipe values,
+packages, trainer revision, machine). Against the last good run instead, a shift not caught
+on its first night was compared with a run already shifted, and the cause was never named."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from recipeval.analysis.regression import MetricVerdict, RegressionSettings, judge
+from recipeval.analysis.regression import MetricVerdict, RegressionSettings, judge_many
 from recipeval.publish.records import PROVENANCE_FIELDS, RunRecord
 
 # Metrics worth a verdict: the bench's steady-state estimates (those with an interval) and
 # these headline numbers. Judging every number in every summary would multiply the nightly
 # false-alarm rate by the number of metrics (counts, per-variant detail, positions).
-HEADLINES = (
-    "train_rollout_logprob_abs_diff",
-    "train_rollout_kl",
-    "tokens_per_gpu_per_sec",
-    "actor_train_tflops",
-    "actor_train_tok_per_s",
-)
+HEADLINES = ("train_rollout_logprob_abs_diff", "train_rollout_kl", "tokens_per_gpu_per_sec",
+             "actor_train_tflops", "actor_train_tok_per_s")
 
 
 @dataclass(frozen=True)
@@ -36,8 +34,9 @@ class RecipeVerdict:
     status: str  # failed | regressed | improved | ok
     metrics: list[MetricVerdict] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    last_good_run: str | None = None
+    last_good_run: str | None = None  # the run "what changed" compares with
     changes: list[Change] = field(default_factory=list)
+    change_run: str | None = None  # first run at the new level, when a change point was found
 
     @property
     def regressions(self) -> list[MetricVerdict]:
@@ -49,11 +48,9 @@ class RecipeVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "recipe": self.recipe,
-            "run_id": self.run_id,
-            "status": self.status,
-            "failures": self.failures,
-            "last_good_run": self.last_good_run,
+            "recipe": self.recipe, "run_id": self.run_id, "status": self.status,
+            "failures": self.failures, "last_good_run": self.last_good_run,
+            "change_run": self.change_run,
             "metrics": [m.to_dict() for m in self.metrics],
             "changes": [vars(c) for c in self.changes],
         }
@@ -69,19 +66,14 @@ def what_changed(before: RunRecord, after: RunRecord) -> list[Change]:
     for kind, old, new in (
         ("recipe", before.recipe_values, after.recipe_values),
         ("package", before.packages, after.packages),
-        (
-            "provenance",
-            {k: before.provenance.get(k) for k in PROVENANCE_FIELDS},
-            {k: after.provenance.get(k) for k in PROVENANCE_FIELDS},
-        ),
+        ("provenance", {k: before.provenance.get(k) for k in PROVENANCE_FIELDS},
+         {k: after.provenance.get(k) for k in PROVENANCE_FIELDS}),
     ):
         for key in sorted(set(old) | set(new)):
             if old.get(key) != new.get(key):
                 changes.append(Change(kind, key, old.get(key), new.get(key)))
     if before.recipe_sha256 != after.recipe_sha256 and not any(c.kind == "recipe" for c in changes):
-        changes.append(
-            Change("recipe", "sha256", before.recipe_sha256[:12], after.recipe_sha256[:12])
-        )
+        changes.append(Change("recipe", "sha256", before.recipe_sha256[:12], after.recipe_sha256[:12]))
     return changes
 
 
@@ -94,25 +86,43 @@ def _failures(record: RunRecord) -> list[str]:
     return out
 
 
-def judge_run(
-    record: RunRecord, history: list[RunRecord], settings: RegressionSettings
-) -> RecipeVerdict:
+@dataclass(frozen=True)
+class Acknowledgement:
+    """A change accepted as the new normal: from `run_id` on, the recipe's history (one metric's,
+    when `metric` is set) starts afresh, so the change is no longer reported."""
+
+    recipe: str
+    run_id: str
+    metric: str | None = None
+    note: str = ""
+
+
+def _history_start(recipe: str, metric: str, prior: list[RunRecord],
+                   acks: Sequence[Acknowledgement]) -> int:
+    """Index into `prior` of the first run judged for `metric`: the latest acknowledged one."""
+    position = {r.run_id: i for i, r in enumerate(prior)}
+    starts = [position[a.run_id] for a in acks
+              if a.recipe == recipe and a.metric in (None, metric) and a.run_id in position]
+    return max(starts, default=0)
+
+
+def judge_run(record: RunRecord, history: list[RunRecord], settings: RegressionSettings,
+              acks: Sequence[Acknowledgement] = ()) -> RecipeVerdict:
     """`history` may contain runs of any recipe and this run itself; only earlier runs of the
-    same recipe count, and of those only the values whose stage passed."""
-    prior = [
-        r
-        for r in history
-        if r.recipe == record.recipe
-        and r.run_id != record.run_id
-        and (r.date or "") <= (record.date or "")
-    ]
-    verdicts: list[MetricVerdict] = []
+    same recipe count, of those only the values whose stage passed, and only from the latest
+    acknowledgement on. The recipe's metrics are judged together (false alarms per recipe)."""
+    prior = [r for r in history if r.recipe == record.recipe and r.run_id != record.run_id
+             and (r.date or "") <= (record.date or "")]
+    series: dict[str, tuple[list[float], float]] = {}
+    runs_of: dict[str, list[RunRecord]] = {}
     for metric, value in sorted(record.metrics.items()):
         stage = metric.split(".", 1)[0]
         if not tracked(metric, metric in record.intervals) or not record.stage_ok(stage):
             continue
-        series = [r.metrics[metric] for r in prior if metric in r.metrics and r.stage_ok(stage)]
-        verdicts.append(judge(metric, series, value, settings))
+        start = _history_start(record.recipe, metric, prior, acks)
+        runs_of[metric] = [r for r in prior[start:] if metric in r.metrics and r.stage_ok(stage)]
+        series[metric] = ([r.metrics[metric] for r in runs_of[metric]], value)
+    verdicts = list(judge_many(series, settings).values())
     failures = _failures(record)
     verdict = RecipeVerdict(record.recipe, record.run_id, "ok", verdicts, failures)
     if failures:
@@ -121,9 +131,20 @@ def judge_run(
         verdict.status = "regressed"
     elif verdict.improvements:
         verdict.status = "improved"
-    if verdict.status != "ok":
+    if verdict.status == "ok":
+        return verdict
+    located = [(m.change_index, m.metric) for m in verdict.regressions or verdict.improvements
+               if m.change_index]
+    if located and verdict.status != "failed":
+        index, metric = min(located)
+        runs = [*runs_of[metric], record]
+        verdict.change_run = runs[index].run_id
+        before = runs[index - 1]
+    else:
         good = [r for r in prior if not r.failed]
-        if good:
-            verdict.last_good_run = good[-1].run_id
-            verdict.changes = what_changed(good[-1], record)
+        if not good:
+            return verdict
+        before = good[-1]
+    verdict.last_good_run = before.run_id
+    verdict.changes = what_changed(before, record)
     return verdict

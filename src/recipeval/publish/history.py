@@ -1,7 +1,17 @@
 """The run history: one JSON file per run per recipe, never rewritten, so concurrent writers
 never lose a row; plus a consolidated Parquet rebuilt from those files, under a lock, for
-reading. Names taken from result files become paths only after they are checked, and secrets
-reach the files as fingerprints only."""
+reading; plus `acknowledged.json`, the changes someone accepted as the new normal.
+
+A change point, once found, is reported every night until acknowledged: add an entry to
+`<history>/acknowledged.json` (a list; `acknowledge` below does it) naming the recipe and the
+run where the new level starts (the verdict's `change_run`), optionally one metric and a note:
+
+    [{"recipe": "qwen3-4b-h100", "run_id": "3f2a...", "metric": null, "note": "sglang 0.5.17"}]
+
+From that run on, the recipe's history (that metric's only, when named) starts afresh.
+
+Names taken from result files become paths only after they are checked, and secrets reach the
+files as fingerprints only."""
 
 from __future__ import annotations
 
@@ -14,7 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
+from pydantic import TypeAdapter, ValidationError
 
+from recipeval.publish.compare import Acknowledgement
 from recipeval.publish.records import RunRecord
 from recipeval.secrets import fingerprint_secrets, scrub, secret_values
 
@@ -38,6 +50,34 @@ def check_name(name: str, what: str = "recipe") -> str:
             "and '-', starting with a letter or digit"
         )
     return name
+ACK_NAME = "acknowledged.json"
+_ACKS = TypeAdapter(list[Acknowledgement])
+
+
+def acknowledgements(history: Path) -> list[Acknowledgement]:
+    """The acknowledged changes; ValueError (naming the file and what is wrong) on a bad file."""
+    path = history / ACK_NAME
+    if not path.is_file():
+        return []
+    try:
+        return _ACKS.validate_json(path.read_text())
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "top level"
+        raise ValueError(f"{path}: {where}: {first['msg']}; expected a list of "
+                         '{"recipe": ..., "run_id": ..., "metric": null, "note": ""}') from None
+
+
+def acknowledge(history: Path, recipe: str, run_id: str, metric: str | None = None,
+                note: str = "") -> Path:
+    """Record that the change starting at `run_id` is accepted (see the module docstring)."""
+    acks = [*acknowledgements(history), Acknowledgement(recipe, run_id, metric, note)]
+    path = history / ACK_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(_ACKS.dump_json(acks, indent=1).decode() + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def record_path(history: Path, record: RunRecord) -> Path:

@@ -96,7 +96,11 @@ def publish(
     records = [build_record(results) for results in grouped.values()]
     added = sum(history.append(out.history, rec) for rec in records)
     runs = history.load(out.history)
-    verdicts = {rec.run_id: judge_run(rec, runs, settings) for rec in records}
+    try:
+        acks = history.acknowledgements(out.history)
+    except ValueError as err:
+        raise PublishError(str(err)) from None
+    verdicts = {rec.run_id: judge_run(rec, runs, settings, acks) for rec in records}
     outcome = PublishReport(records, verdicts, added)
     generated = now_iso()
     frame = tables.table(records, verdicts)

@@ -191,8 +191,10 @@ class BenchStage(StageOptions):
     metrics: list[str] = Field(
         default_factory=lambda: ["perf/rollout_time", "perf/actor_train_time", "cycle_time"]
     )
-    min_steps: Annotated[int, Field(ge=MIN_STEADY_STEPS)] = 5
-    max_steps: PositiveInt = 20
+    # From benchmarks/steady_state_coverage.py (section 4): correlation between steps can only
+    # be checked from 10 steady steps on, and a drift or a recurring slow step needs 40 to show.
+    min_steps: Annotated[int, Field(ge=MIN_STEADY_STEPS)] = 10
+    max_steps: PositiveInt = 40
     rel_ci: Annotated[float, Field(gt=0, lt=1)] = 0.03
     on_max_steps: Literal["fail", "warn"] = "warn"
     tolerance: Annotated[float, Field(gt=0, lt=1)] = Field(
