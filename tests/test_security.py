@@ -180,8 +180,8 @@ def test_case2_alias_bomb_fails_fast_and_small(tmp_path):
     assert bomb.stat().st_size < 1024 + len(_base())
     for command in (("validate",), ("render",), ("env-check", "--static")):
         assert "alias" in _refused(bomb, *command)
-    program = ("import resource, sys; from recipeval.recipe import load_recipe, RecipeErrors\n"
-               "try: load_recipe(sys.argv[1])\nexcept RecipeErrors: pass\n"
+    program = ("import resource, sys; from recipeval.recipe import load_recipe, InvalidRecipe\n"
+               "try: load_recipe(sys.argv[1])\nexcept InvalidRecipe: pass\n"
                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     probe = subprocess.run(
         [sys.executable, "-c", program, str(bomb)],
