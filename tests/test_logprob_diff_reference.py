@@ -18,6 +18,7 @@ from recipeval.stages.logprob_diff import run_logprob_diff
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.reference_engine,
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch"),
 ]
 
