@@ -75,11 +75,14 @@ class StaticCacheDecoder:
         if cuda_graph and self.device.type != "cuda":
             raise ValueError("--rollout-cuda-graph needs a CUDA device")
         self.cache_len = prompt_len + max_new
+        # Slots rounded up to 64: every bucketed window (and its mask) stays a multiple of 16,
+        # as fused attention kernels want; the spare slots are always masked.
+        self.capacity = window_for(self.cache_len, 64, self.cache_len + 64)
         dtype = self.weights.embed.dtype
         self.cache = KVCache(len(self.weights.layers), batch_size, self.weights.kv_heads,
-                             self.cache_len, self.weights.head_dim, dtype, self.device)
-        self.cos, self.sin = rope_tables(self.weights, self.cache_len, dtype)
-        self.slots = torch.arange(self.cache_len, device=self.device)
+                             self.capacity, self.weights.head_dim, dtype, self.device)
+        self.cos, self.sin = rope_tables(self.weights, self.capacity, dtype)
+        self.slots = torch.arange(self.capacity, device=self.device)
         self.window_bucket = window_bucket
         step: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
         step = self._step
@@ -118,7 +121,7 @@ class StaticCacheDecoder:
         return sample_tokens(self._prefill_logits(prompt_ids), self.temperature, self.top_p)
 
     def _window(self, position: int) -> int:
-        return window_for(position + 1, self.window_bucket, self.cache_len)
+        return window_for(position + 1, self.window_bucket, self.capacity)
 
     def _initialise(self) -> None:
         """Capture one decode graph per window (the captures write junk into the cache; every
