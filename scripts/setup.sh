@@ -15,7 +15,7 @@ TORCH_SPEC=${RECIPEVAL_TORCH:-torch==2.13.0}
 
 inputs_hash() {
   local f
-  for f in pyproject.toml envs/sglang-cpu.txt scripts/setup.sh scripts/install-profiles.sh; do
+  for f in pyproject.toml envs/engine-newest.txt envs/sglang-cpu.txt scripts/setup.sh scripts/install-profiles.sh; do
     if [ -f "$f" ]; then cat "$f"; fi
   done | sha256sum | cut -c1-16
 }
@@ -29,7 +29,9 @@ echo "recipeval setup: creating $VENV with $($PYTHON --version 2>&1)" >&2
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --upgrade pip
 "${pip[@]}" install "$TORCH_SPEC"
-"${pip[@]}" install -e ".[engine,ray,checks,workflow,dev]"
+# The newest transformers that pyproject allows, pinned: the lowest runs in
+# scripts/test-engine-lowest.sh, so CI covers both ends of the declared range.
+"${pip[@]}" install -c envs/engine-newest.txt -e ".[engine,ray,checks,workflow,dev]"
 if [ -f envs/sglang-cpu.txt ]; then
   # SGLang without its GPU stack: only its argument parser is used on CPU machines.
   "${pip[@]}" install --no-deps -r envs/sglang-cpu.txt

@@ -24,4 +24,14 @@ if [ "$rc" -eq 5 ]; then
   echo "scripts/test.sh: pytest collected no tests; that is a broken suite, not a pass" >&2
   exit 1
 fi
+# The reference engine again under the lowest transformers pyproject allows (its own small
+# environment, .venv-lowest; a few minutes). RECIPEVAL_ENGINE_LOWEST=0 leaves it out locally.
+if [ "${RECIPEVAL_ENGINE_LOWEST:-1}" != 0 ]; then
+  scripts/test-engine-lowest.sh
+  lowest=$?
+  if [ "$lowest" -ne 0 ]; then
+    echo "scripts/test.sh: the reference engine failed under the lowest allowed transformers" >&2
+    [ "$rc" -ne 0 ] || rc=$lowest
+  fi
+fi
 exit "$rc"

@@ -19,6 +19,7 @@ from recipeval.stages.logprob_diff import LOGPROB_DIFF
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.reference_engine,
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch"),
 ]
 

@@ -1,8 +1,9 @@
-"""Batched sampling with a static KV cache: one prefill, then one decode step per token, each
-step optionally compiled (torch.compile) and replayed as a single CUDA graph (one graph per
-attention-window bucket), so the loop is bound by the GPU rather than by Python and kernel
-launches. Each sampled token's logprob is
-recorded as the sampler saw it: log softmax(logits / T), before top-p truncation."""
+"""Batched sampling over the rollout's own KV cache (kvcache.KVCache, forward.forward): one
+prefill, then one decode step per token. Each step can be compiled (torch.compile) and replayed
+as a single CUDA graph (one graph per attention-window bucket), so the loop is bound by the GPU
+rather than by Python and kernel launches; on a CPU the step runs eagerly over exactly the
+written slots. Each sampled token's logprob is recorded as the sampler saw it:
+log softmax(logits / T), before top-p truncation."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from recipeval.reference.kvcache import WindowedStaticCache, window_for
+from recipeval.reference.forward import forward, rope_tables, weights_of
+from recipeval.reference.kvcache import KVCache, window_for
 from recipeval.reference.tokenizer import EOS_ID, PAD_ID
 
 EOS_CHECK_EVERY = 32  # steps between host syncs that ask "has every sample finished?"
@@ -33,21 +35,23 @@ def sample_tokens(
     logits: torch.Tensor, temperature: float, top_p: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; returns (token ids, their logprobs). Exponential-race sampling
-    (argmax p / E, E ~ Exp(1)) draws from p without a host sync, so it runs inside a graph."""
+    (argmax p / E, E = -log U ~ Exp(1)) draws from p without a host sync, so it runs inside a
+    graph; uniform draws cost a CPU a quarter of exponential_()'s."""
     logp = sampler_logprobs(logits, temperature)
     probs = logp.exp()
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         outside = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
-    token = (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
+    token = (probs / torch.rand_like(probs).log_().neg_()).argmax(dim=-1)
     return token, logp.gather(-1, token.unsqueeze(-1)).squeeze(-1)
 
 
 class StaticCacheDecoder:
     """Decodes fixed-shape batches (batch_size x prompt_len prompts, up to max_new tokens) with
-    one StaticCache reused across calls; weights may change between calls (in-place copies keep
-    every captured address valid)."""
+    one KV cache reused across calls; weights may change between calls (in-place copies keep
+    every captured address valid). `window_bucket` 1 attends over exactly the written slots
+    (no mask; eager steps), larger buckets keep the step's shapes to a few sizes (CUDA graphs)."""
 
     def __init__(
         self,
@@ -58,88 +62,86 @@ class StaticCacheDecoder:
         temperature: float,
         top_p: float,
         ignore_eos: bool,
+        attention: str = "sdpa",
         cuda_graph: bool = False,
         compile_step: bool = False,
-        window_bucket: int = 256,
+        window_bucket: int = 1,
     ) -> None:
-        self.model = model
-        self.device = next(model.parameters()).device
+        self.weights = weights_of(model)
+        self.device = self.weights.embed.device
         self.batch_size, self.prompt_len, self.max_new = batch_size, prompt_len, max_new
         self.temperature, self.top_p, self.ignore_eos = temperature, top_p, ignore_eos
+        self.attention = attention
         if cuda_graph and self.device.type != "cuda":
             raise ValueError("--rollout-cuda-graph needs a CUDA device")
         self.cache_len = prompt_len + max_new
-        self.cache = WindowedStaticCache(model.config, max_cache_len=self.cache_len)
+        # Slots rounded up to 64: every bucketed window (and its mask) stays a multiple of 16,
+        # as fused attention kernels want; the spare slots are always masked.
+        self.capacity = window_for(self.cache_len, 64, self.cache_len + 64)
+        dtype = self.weights.embed.dtype
+        self.cache = KVCache(len(self.weights.layers), batch_size, self.weights.kv_heads,
+                             self.capacity, self.weights.head_dim, dtype, self.device)
+        self.cos, self.sin = rope_tables(self.weights, self.capacity, dtype)
+        self.slots = torch.arange(self.capacity, device=self.device)
         self.window_bucket = window_bucket
-        step: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = self._step
+        step: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+        step = self._step
         if compile_step:
             step = torch.compile(self._step, fullgraph=True, dynamic=False)
         self._step_fn = step
+        self._tokens = torch.zeros((batch_size, 1), dtype=torch.long, device=self.device)
+        self._position = torch.full((1,), prompt_len, dtype=torch.long, device=self.device)
         self._use_graph = cuda_graph
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._initialised = False
 
-    def _step(
-        self, tokens: torch.Tensor, position: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return sample_tokens(self._step_logits(tokens, position), self.temperature, self.top_p)
+    def refresh_weights(self) -> None:
+        """Call after the model's weights changed in place (the fused copies follow)."""
+        self.weights.refresh()
 
-    def _step_logits(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        # Both position forms: transformers >= 5.2x reads position_ids (the cache keeps its own
-        # write counter), older 5.x writes the cache at cache_position.
-        out = self.model(
-            input_ids=tokens,
-            position_ids=position.view(1, 1),
-            cache_position=position,
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        return out.logits[:, -1]
+    def _step(self, tokens: torch.Tensor, position: torch.Tensor,
+              window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return sample_tokens(self._step_logits(tokens, position, window), self.temperature,
+                             self.top_p)
+
+    def _step_logits(self, tokens: torch.Tensor, position: torch.Tensor, window: int) -> torch.Tensor:
+        allowed = None
+        if self.window_bucket > 1:  # slots past the current position hold junk or zeros
+            allowed = (self.slots[:window] <= position).unsqueeze(0)
+        return forward(self.weights, self.cache, self.cos, self.sin, tokens, position, window,
+                       allowed, self.attention)
+
+    def _prefill_logits(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        positions = self.slots[: self.prompt_len]
+        causal = positions.unsqueeze(1) >= positions.unsqueeze(0)
+        return forward(self.weights, self.cache, self.cos, self.sin, prompt_ids, positions,
+                       self.prompt_len, causal, self.attention)
 
     def _prefill(self, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return sample_tokens(self._prefill_logits(prompt_ids), self.temperature, self.top_p)
 
-    def _prefill_logits(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(self.prompt_len, device=self.device)
-        self.cache.reset()  # in place: zero the buffers and the write counter
-        self.cache.set_window(window_for(self.prompt_len, self.window_bucket, self.cache_len))
-        out = self.model(
-            input_ids=prompt_ids,
-            position_ids=positions.unsqueeze(0),
-            cache_position=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return out.logits[:, -1]
+    def _window(self, position: int) -> int:
+        return window_for(position + 1, self.window_bucket, self.capacity)
 
     def _initialise(self) -> None:
-        """Allocate the cache (a first prefill) and capture one decode graph per window. Both write
-        junk into the cache; every later prefill and step overwrites a slot before a query reads it."""
-        dummy = torch.full((self.batch_size, self.prompt_len), PAD_ID, device=self.device)
-        self._prefill(dummy)
-        self._tokens = torch.zeros((self.batch_size, 1), dtype=torch.long, device=self.device)
-        self._position = torch.full((1,), self.prompt_len, dtype=torch.long, device=self.device)
+        """Capture one decode graph per window (the captures write junk into the cache; every
+        later prefill and step overwrites a slot before an unmasked query reads it)."""
         if self._use_graph:
             windows = sorted({self._window(p) for p in range(self.prompt_len, self.cache_len)})
             pool = None
             for window in windows:
-                self.cache.set_window(window)
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
                     for _ in range(2):  # warm-up: compile, autotune, allocate outside the capture
-                        self._step_fn(self._tokens, self._position)
+                        self._step_fn(self._tokens, self._position, window)
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    out = self._step_fn(self._tokens, self._position)
+                    out = self._step_fn(self._tokens, self._position, window)
                 pool = graph.pool()
                 self._graphs[window] = (graph, out)
         self._initialised = True
-
-    def _window(self, position: int) -> int:
-        return window_for(position + 1, self.window_bucket, self.cache_len)
 
     def _ready(self, prompt_ids: torch.Tensor) -> None:
         if tuple(prompt_ids.shape) != (self.batch_size, self.prompt_len):
@@ -147,22 +149,16 @@ class StaticCacheDecoder:
         if not self._initialised:
             self._initialise()
 
-    def _seek(self, tokens: torch.Tensor, position: int) -> int:
-        """Load the step's inputs (the previous tokens, their position) and the attention
-        window they need; returns the window."""
+    def _decode(self, tokens: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample the token after `tokens` (B,), which sit at `position`."""
         window = self._window(position)
-        self.cache.set_window(window)
         self._tokens.copy_(tokens.unsqueeze(-1))
         self._position.fill_(position)
-        return window
-
-    def _decode(self, tokens: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        window = self._seek(tokens, position)
         if self._graphs:
             graph, out = self._graphs[window]
             graph.replay()
             return out
-        return self._step_fn(self._tokens, self._position)
+        return self._step_fn(self._tokens, self._position, window)
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor) -> Generation:
@@ -179,7 +175,8 @@ class StaticCacheDecoder:
                 break
             token, logp = self._decode(tokens[:, t - 1], self.prompt_len + t - 1)
             tokens[:, t], logprobs[:, t] = token, logp
-            finished |= token == EOS_ID
+            if not self.ignore_eos:
+                finished |= token == EOS_ID
             steps = t + 1
         return _finish(tokens[:, :steps], logprobs[:, :steps], self.ignore_eos)
 
@@ -192,16 +189,16 @@ class StaticCacheDecoder:
         run's own tokens re-scored to bitwise the sampled logprobs)."""
         self._ready(prompt_ids)
         if response_ids.shape[0] != self.batch_size or response_ids.shape[1] > self.max_new:
-            raise ValueError(
-                f"expected at most {self.max_new} response tokens for {self.batch_size} samples"
-            )
+            raise ValueError(f"expected at most {self.max_new} response tokens for {self.batch_size} samples")
         given = response_ids.to(self.device)
         logprobs = torch.zeros(given.shape, dtype=torch.float32, device=self.device)
         logits = self._prefill_logits(prompt_ids.to(self.device))
         for t in range(given.shape[1]):
             if t:
-                self._seek(given[:, t - 1], self.prompt_len + t - 1)
-                logits = self._step_logits(self._tokens, self._position)
+                position = self.prompt_len + t - 1
+                self._tokens.copy_(given[:, t - 1 : t])
+                self._position.fill_(position)
+                logits = self._step_logits(self._tokens, self._position, self._window(position))
             logp = sampler_logprobs(logits, self.temperature)
             logprobs[:, t] = logp.gather(-1, given[:, t : t + 1]).squeeze(-1)
         return logprobs

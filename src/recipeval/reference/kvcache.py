@@ -1,45 +1,39 @@
-"""A static KV cache whose attention reads only a window of its slots.
+"""The rollout's own KV cache: two preallocated tensors written in place at fixed addresses, so
+a captured CUDA graph stays valid across rollouts, and nothing of transformers' cache classes
+(whose internals change from release to release) is involved.
 
-transformers' StaticCache preallocates max_cache_len slots and every decode step attends over
-all of them (the unwritten ones masked out), so at 8k tokens each step pays for the whole
-context from the first token on. Here the decoder sets a window (the written length rounded up
-to a bucket) before each step: the cache still writes in place at fixed addresses, attention and
-its mask cover only `window` slots, and a handful of window sizes keep CUDA graphs few.
+Attention reads only a window of the slots: the decoder picks it per step (the written length,
+or that length rounded up to a bucket so a few CUDA graphs cover every step) and masks the
+slots past the current position.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import PreTrainedConfig, StaticCache
-from transformers.cache_utils import StaticLayer
 
 
-class WindowedStaticLayer(StaticLayer):
-    def __init__(self, max_cache_len: int, **kwargs: object) -> None:
-        super().__init__(max_cache_len=max_cache_len, **kwargs)
-        self.window = max_cache_len
+class KVCache:
+    """keys and values of shape (layers, batch, kv_heads, max_len, head_dim)."""
 
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
-        return keys[:, :, : self.window], values[:, :, : self.window]
+    def __init__(self, layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        shape = (layers, batch, kv_heads, max_len, head_dim)
+        # Zeros, not empty: a masked slot still enters attention as 0 x value, and uninitialised
+        # memory may hold NaN.
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
 
-    def get_mask_sizes(self, *args: object, **kwargs: object) -> tuple[int, int]:
-        return self.window, 0
-
-
-class WindowedStaticCache(StaticCache):
-    def __init__(self, config: PreTrainedConfig, max_cache_len: int) -> None:
-        super().__init__(config=config, max_cache_len=max_cache_len)
-        self.layers = [WindowedStaticLayer(max_cache_len) for _ in self.layers]
-        self.max_cache_len = max_cache_len
-
-    def set_window(self, window: int) -> None:
-        for layer in self.layers:
-            layer.window = window
+    def write(self, layer: int, positions: torch.Tensor, keys: torch.Tensor,
+              values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store (batch, kv_heads, T, head_dim) keys and values at `positions` (T,); returns the
+        layer's whole key and value buffers."""
+        layer_keys, layer_values = self.keys[layer], self.values[layer]
+        layer_keys.index_copy_(2, positions, keys)
+        layer_values.index_copy_(2, positions, values)
+        return layer_keys, layer_values
 
 
-def window_for(length: int, bucket: int, max_cache_len: int) -> int:
+def window_for(length: int, bucket: int, max_len: int) -> int:
     """Smallest multiple of `bucket` holding `length` tokens, capped at the cache size."""
-    return min(max_cache_len, -(-length // bucket) * bucket)
+    return min(max_len, -(-length // bucket) * bucket)

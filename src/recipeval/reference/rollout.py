@@ -50,9 +50,12 @@ class RolloutWorker:
             temperature=config.rollout_temperature,
             top_p=config.rollout_top_p,
             ignore_eos=config.rollout_ignore_eos,
+            attention=config.rollout_attn_implementation,
             cuda_graph=config.rollout_cuda_graph,
             compile_step=config.rollout_compile,
-            window_bucket=1024 if config.rollout_cuda_graph else 256,
+            # Graphs and compiled steps need a few fixed shapes; eager steps read exactly the
+            # written slots.
+            window_bucket=1024 if config.rollout_cuda_graph or config.rollout_compile else 1,
         )
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
@@ -60,6 +63,7 @@ class RolloutWorker:
         with torch.no_grad():
             for name, tensor in self.model.state_dict().items():
                 tensor.copy_(state[name], non_blocking=True)
+            self.decoder.refresh_weights()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
