@@ -321,7 +321,7 @@ def slurm_cluster_fixture() -> Iterator[SlurmCluster]:
 TWO_NODE_DIR = Path("/tmp/recipeval-slurm-2node")
 
 
-def _free_port_pair() -> int:
+def free_port_pair() -> int:
     """A port p with p and p + 1 free (the two slurmd of a two-node cluster)."""
     import socket
 
@@ -357,8 +357,8 @@ def two_node_slurm_cluster() -> Iterator[SlurmCluster]:
     directory = Path(os.environ.get("RECIPEVAL_SLURM_2NODE_DIR", TWO_NODE_DIR))
     started_here = not cluster_is_running(directory)
     conf = directory / "etc" / "slurm.conf"
-    ctld = (None if started_here else _configured_port(conf, "SlurmctldPort")) or str(_free_port_pair())
-    slurmd = (None if started_here else _configured_port(conf, "SlurmdPort")) or str(_free_port_pair())
+    ctld = (None if started_here else _configured_port(conf, "SlurmctldPort")) or str(free_port_pair())
+    slurmd = (None if started_here else _configured_port(conf, "SlurmdPort")) or str(free_port_pair())
     extra = {
         "RECIPEVAL_SLURM_NODES": "2",
         "RECIPEVAL_SLURM_CTLD_PORT": ctld,
