@@ -22,25 +22,23 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 TESTS = Path(__file__).parent
 GPUS = 2
 
-# Two uses of the runner in one batch job, as the stages of a grouped allocation run.
-TWO_STAGES = """\
+# One stage: the batch job runs it twice, one process after the other, as the stages of a
+# grouped allocation run.
+STAGE = """\
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from ray.util.state import list_nodes
 from runner_jobs import SPREAD_ACTORS, python_launch
 from recipeval.runners.slurm import SlurmRunner
-stages = []
-for stage in range(2):
-    lines = []
-    with SlurmRunner() as runner:
-        nodes = [{"node_id": n.node_id, "name": n.node_name, "state": str(n.state)}
-                 for n in list_nodes(address=runner.address)]
-        result = runner.run(python_launch(SPREAD_ACTORS), lines.append, timeout=300)
-        stages.append({"info": runner.describe(), "head_pid": runner.cluster.head.pid,
-                       "nodes": nodes, "exit_code": result.exit_code, "detail": result.detail,
-                       "lines": lines})
+lines = []
+with SlurmRunner() as runner:
+    nodes = [{"node_id": n.node_id, "name": n.node_name, "state": str(n.state)}
+             for n in list_nodes(address=runner.address)]
+    result = runner.run(python_launch(SPREAD_ACTORS), lines.append, timeout=300)
+    stage = {"info": runner.describe(), "head_pid": runner.cluster.head.pid, "nodes": nodes,
+             "exit_code": result.exit_code, "detail": result.detail, "lines": lines}
 with open(sys.argv[2], "w") as fh:
-    json.dump(stages, fh)
+    json.dump(stage, fh)
 """
 
 # A run that waits forever; the test kills node n2 meanwhile.
@@ -64,11 +62,15 @@ with open(sys.argv[2], "w") as fh:
 """
 
 
-def _submit(cluster: SlurmCluster, tmp_path: Path, program: str, *args: str) -> tuple[str, float]:
+def _submit(
+    cluster: SlurmCluster, tmp_path: Path, program: str, *runs: list[str]
+) -> tuple[str, float]:
+    """sbatch a 2-node job that runs `program` once per entry of `runs` (its arguments)."""
     (tmp_path / "program.py").write_text(program)
     script = tmp_path / "job.sh"
-    script.write_text("#!/bin/bash\n" + shlex.join(
-        [sys.executable, str(tmp_path / "program.py"), str(TESTS), *args]) + "\n")
+    script.write_text("#!/bin/bash\nset -e\n" + "".join(
+        shlex.join([sys.executable, str(tmp_path / "program.py"), str(TESTS), *args]) + "\n"
+        for args in runs))
     script.chmod(0o755)
     submitted = time.monotonic()
     job = cluster.sbatch(
@@ -121,10 +123,10 @@ def test_two_node_allocation_one_ray_cluster_actors_on_both_nodes_reused_by_the_
 ) -> None:
     cluster = two_node_slurm_cluster
     assert cluster.nodes == ("n1", "n2")
-    report = tmp_path / "report.json"
-    job, submitted = _submit(cluster, tmp_path, TWO_STAGES, str(report))
+    reports = [tmp_path / "stage1.json", tmp_path / "stage2.json"]
+    job, submitted = _submit(cluster, tmp_path, STAGE, *([str(r)] for r in reports))
     _finished(cluster, job, submitted, tmp_path)
-    first, second = json.loads(report.read_text())
+    first, second = (json.loads(r.read_text()) for r in reports)
 
     # One Ray cluster of both Slurm nodes, each a live Ray node under its Slurm name.
     assert first["info"]["nodes"] == ["n1", "n2"] and first["info"]["gpus_per_node"] == GPUS
@@ -137,7 +139,7 @@ def test_two_node_allocation_one_ray_cluster_actors_on_both_nodes_reused_by_the_
         actors = json.loads(next(line for line in stage["lines"] if line.startswith("ACTORS "))[7:])
         assert sorted(name_of[a["node_id"]] for a in actors) == ["n1", "n2"]
         assert all(a["slurm_node"] == name_of[a["node_id"]] for a in actors)
-    # The second stage of the allocation ran on the first stage's cluster: one head.
+    # The second stage (another process) ran on the first stage's cluster: one head.
     assert first["info"]["head_reused"] is False and second["info"]["head_reused"] is True
     assert second["head_pid"] == first["head_pid"]
     assert second["info"]["address"] == first["info"]["address"]
@@ -151,7 +153,7 @@ def test_a_node_that_dies_during_the_run_fails_it_naming_the_node(
 ) -> None:
     cluster = two_node_slurm_cluster
     report, seen = tmp_path / "report.json", tmp_path / "seen.txt"
-    job, submitted = _submit(cluster, tmp_path, NODE_DIES, str(report), str(seen))
+    job, submitted = _submit(cluster, tmp_path, NODE_DIES, [str(report), str(seen)])
     deadline = time.monotonic() + 400
     while not (seen.exists() and "ready" in seen.read_text()):
         assert time.monotonic() < deadline, "the job never started"
@@ -168,5 +170,6 @@ def test_a_node_that_dies_during_the_run_fails_it_naming_the_node(
     done = json.loads(report.read_text())
     assert "error" in done, done
     assert "node n2 exited" in done["error"]
+    print(f"node n2 killed -> RunnerError after {done['error_at'] - killed_at:.1f} s")
     assert done["error_at"] - killed_at < 30, done["error"]
     _nothing_left(cluster, job, done["info"]["ray_temp_dir"])
