@@ -36,6 +36,24 @@ HANG_WITH_CHILDREN = (
     "print('PIDS', os.getpid(), child.pid, escaped.pid, deaf.pid, flush=True)\n"
     "time.sleep(600)\n"
 )
+# A job that pins one actor to each node (STRICT_SPREAD) and says where each one ran.
+SPREAD_ACTORS = """\
+import json, os, ray
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+ray.init()
+group = placement_group([{"GPU": 1}, {"GPU": 1}], strategy="STRICT_SPREAD")
+ray.get(group.ready(), timeout=120)
+@ray.remote(num_gpus=1, num_cpus=0)
+class Where:
+    def where(self):
+        return {"node_id": ray.get_runtime_context().get_node_id(),
+                "slurm_node": os.environ.get("SLURMD_NODENAME")}
+actors = [Where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, i)).remote()
+          for i in range(2)]
+print("ACTORS " + json.dumps(ray.get([a.where.remote() for a in actors])), flush=True)
+"""
+
 WAIT_FOR_STOP = "import time\nprint('ready', flush=True)\ntime.sleep(600)\n"
 
 

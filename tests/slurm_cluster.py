@@ -1,4 +1,5 @@
-"""A real single-node Slurm for tests: the session fixture `slurm_cluster`.
+"""A real Slurm for tests: the session fixtures `slurm_cluster` (one node) and
+`two_node_slurm_cluster` (two slurmd on this host, its own directory and ports).
 
 It installs Slurm from Debian's packages when missing (scripts/slurm/install.sh), starts it with
 scripts/slurm/up.sh and stops it with scripts/slurm/down.sh at the end of the session. A
@@ -64,7 +65,8 @@ class SlurmCluster:
     directory: Path
     partition: str
     gpu_type: str
-    node: str
+    node: str  # the first node
+    nodes: tuple[str, ...]
     env: Mapping[str, str] = field(repr=False)
 
     @property
@@ -275,15 +277,18 @@ def start_cluster(directory: Path, extra_env: Mapping[str, str] | None = None) -
     env = {**cluster_environment(directory), **(extra_env or {})}
     _run_script("install.sh", env, timeout=900)
     exports = _parse_exports(_run_script("up.sh", env, timeout=180).stdout)
-    node = subprocess.run(
-        ["hostname", "-s"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    cluster_env = {**os.environ, **env, **exports}
+    nodes = subprocess.run(
+        ["sinfo", "--noheader", "--Node", "--format=%N"],
+        capture_output=True, text=True, check=True, env=cluster_env,
+    ).stdout.split()
     return SlurmCluster(
         directory=directory,
         partition=exports["RECIPEVAL_SLURM_PARTITION"],
         gpu_type=exports["RECIPEVAL_SLURM_GPU_TYPE"],
-        node=node,
-        env={**os.environ, **env, **exports},
+        node=nodes[0],
+        nodes=tuple(nodes),
+        env=cluster_env,
     )
 
 
@@ -309,6 +314,61 @@ def slurm_cluster_fixture() -> Iterator[SlurmCluster]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        if started_here:
+            stop_cluster(cluster)
+
+
+TWO_NODE_DIR = Path("/tmp/recipeval-slurm-2node")
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free (the two slurmd of a two-node cluster)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def _configured_port(conf: Path, key: str) -> str | None:
+    try:
+        for line in conf.read_text().splitlines():
+            if line.startswith(f"{key}="):
+                return line.partition("=")[2]
+    except OSError:
+        return None
+    return None
+
+
+@pytest.fixture(scope="session")
+def two_node_slurm_cluster() -> Iterator[SlurmCluster]:
+    """A two-node Slurm (multiple-slurmd mode) beside the session's single-node one: its own
+    directory, ports and default-config path, so neither sees the other. Started and stopped
+    like `slurm_cluster`; one already running in its directory is used and left running."""
+    require_slurm_machine()
+    directory = Path(os.environ.get("RECIPEVAL_SLURM_2NODE_DIR", TWO_NODE_DIR))
+    started_here = not cluster_is_running(directory)
+    conf = directory / "etc" / "slurm.conf"
+    ctld = (None if started_here else _configured_port(conf, "SlurmctldPort")) or str(free_port_pair())
+    slurmd = (None if started_here else _configured_port(conf, "SlurmdPort")) or str(free_port_pair())
+    extra = {
+        "RECIPEVAL_SLURM_NODES": "2",
+        "RECIPEVAL_SLURM_CTLD_PORT": ctld,
+        "RECIPEVAL_SLURM_SLURMD_PORT": slurmd,
+        "RECIPEVAL_SLURM_DEFAULT_CONF": str(directory / "default-slurm.conf"),
+    }
+    cluster = start_cluster(directory, extra)
+    try:
+        yield cluster
+    finally:
         if started_here:
             stop_cluster(cluster)
 

@@ -293,6 +293,10 @@ def test_pipeline_runs_through_slurm_with_gres_and_the_slurm_runner(
             assert result["summary"]["runner"] == "slurm", (recipe, stage, result["summary"])
         info = stage_result(tmp_path, recipe, "smoke")["summary"]["runner_info"]
         assert info["nodes"] == [slurm_cluster.node] and info["gpus_per_node"] == gpus
+        # The group's stages ran on one Ray cluster: smoke (first) started it, bench reused it.
+        bench_info = stage_result(tmp_path, recipe, "bench")["summary"]["runner_info"]
+        assert (info["head_reused"], bench_info["head_reused"]) == (False, True), bench_info
+        assert bench_info["ray_temp_dir"] == info["ray_temp_dir"]
         # 16-token steps last ~0.1 s and wander by more than 10 %: the bench may run to its
         # max_steps (a warning); what counts here is that it judged a steady state at all.
         bench = stage_result(tmp_path, recipe, "bench")["summary"]

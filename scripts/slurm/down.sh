@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop the single-node test Slurm started by up.sh: cancel every job, stop slurmd, slurmctld
+# Stop the test Slurm started by up.sh: cancel every job, stop every slurmd, slurmctld
 # and munged, then check that none of our daemons, job steps or jobs is left. Idempotent.
 # Only processes of this cluster (pid files, environment marker) are ever signalled.
 set -euo pipefail
@@ -46,7 +46,7 @@ fi
 
 stop_pids "job steps" $(our_processes slurmstepd)
 # All daemons at once: each takes about 2 s to exit and none needs another to shut down.
-stop_pids daemons $(pid_of slurmd) $(pid_of slurmctld) $(pid_of munged) \
+stop_pids daemons $(slurmd_pids) $(pid_of slurmctld) $(pid_of munged) \
     $(our_processes "${SLURM_TEST_DAEMONS[@]}")
 
 left=$(our_processes slurmstepd "${SLURM_TEST_DAEMONS[@]}")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Start a single-node Slurm (munged + slurmctld + slurmd) whose config, state and logs live in
-# $RECIPEVAL_SLURM_DIR (default /tmp/recipeval-slurm); wait until its node is idle.
+# Start a test Slurm (munged + slurmctld + one slurmd per node) whose config, state and logs live
+# in $RECIPEVAL_SLURM_DIR (default /tmp/recipeval-slurm); wait until every node is idle.
+# RECIPEVAL_SLURM_NODES=N (default 1) starts N nodes on this host (multiple-slurmd mode).
 # Idempotent: a healthy running cluster is left as it is. On success prints shell exports
 # (use: eval "$(scripts/slurm/up.sh)"). Stop it with down.sh.
 set -euo pipefail
@@ -14,6 +15,7 @@ print_exports() {
     printf 'export RECIPEVAL_SLURM_DIR=%q\n' "$SLURM_TEST_DIR"
     printf 'export RECIPEVAL_SLURM_PARTITION=%q\n' "$SLURM_TEST_PARTITION"
     printf 'export RECIPEVAL_SLURM_GPU_TYPE=%q\n' "$SLURM_TEST_GPU_TYPE"
+    printf 'export RECIPEVAL_SLURM_NODES=%q\n' "$SLURM_TEST_NODE_COUNT"
 }
 
 # Point the default config path at ours when it is free: missing, or a link to a config that is
@@ -31,21 +33,24 @@ link_default_conf() {
     fi
 }
 
-node_state() {
-    sinfo --noheader --nodes="$SLURM_TEST_NODE" --format=%T 2>/dev/null | head -n1
+node_list=$(IFS=,; echo "${SLURM_TEST_NODES[*]}")
+
+node_state() {  # the distinct states of our nodes, comma-separated ("idle" when all are idle)
+    sinfo --noheader --Node --nodes="$node_list" --format=%T 2>/dev/null | sort -u | paste -sd,
 }
 
-if [[ -n $(pid_of slurmctld) && -n $(pid_of slurmd) && -n $(pid_of munged) ]] \
-    && [[ $(node_state) =~ ^(idle|mixed|allocated) ]]; then
+if [[ -n $(pid_of slurmctld) && -n $(pid_of munged) ]] \
+    && (($(slurmd_pids | wc -l) == SLURM_TEST_NODE_COUNT)) \
+    && [[ $(node_state) =~ ^((idle|mixed|allocated)[^,]*,?)+$ ]]; then
     link_default_conf
-    log "already up (node $SLURM_TEST_NODE $(node_state), partition $SLURM_TEST_PARTITION)"
+    log "already up (nodes $node_list $(node_state), partition $SLURM_TEST_PARTITION)"
     print_exports
     exit 0
 fi
 fail() {  # report, show the daemons' view, stop whatever was started, exit 1
     trap - ERR
     log "$1"
-    scontrol show node "$SLURM_TEST_NODE" >&2 2>/dev/null || true
+    scontrol show node "$node_list" >&2 2>/dev/null || true
     tail -n 20 "$SLURM_TEST_DIR"/log/*.log >&2 2>/dev/null || true
     "$here/down.sh" >&2 || true
     exit 1
@@ -57,7 +62,9 @@ port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 "$here/down.sh" >&2
 
 trap 'fail "up.sh failed at line $LINENO"' ERR
-for port in "$SLURM_TEST_CTLD_PORT" "$SLURM_TEST_SLURMD_PORT"; do
+slurmd_ports=()
+for ((i = 0; i < SLURM_TEST_NODE_COUNT; i++)); do slurmd_ports+=($((SLURM_TEST_SLURMD_PORT + i))); done
+for port in "$SLURM_TEST_CTLD_PORT" "${slurmd_ports[@]}"; do
     port_in_use "$port" && fail "port $port is in use (another Slurm?): set RECIPEVAL_SLURM_CTLD_PORT / RECIPEVAL_SLURM_SLURMD_PORT"
 done
 for binary in munged slurmctld slurmd slurmstepd sbatch; do
@@ -69,6 +76,7 @@ mkdir -p "$SLURM_TEST_DIR"
 chmod 0700 "$SLURM_TEST_DIR"
 mkdir -p "$SLURM_TEST_DIR"/{etc,run,log,state,spool,munge,dev}
 chmod 0700 "$SLURM_TEST_DIR/munge"
+for node in "${SLURM_TEST_NODES[@]}"; do mkdir -p "$SLURM_TEST_DIR/spool/$node"; done
 
 # Placeholder GPU device nodes: gres.conf needs File= or slurmd reports fewer GPUs than
 # configured and the node goes INVALID. Character devices like /dev/null where mknod is allowed.
@@ -82,11 +90,25 @@ cpus=${RECIPEVAL_SLURM_CPUS:-$(( $(nproc) > 8 ? $(nproc) : 8 ))}
 # Leave room for the OS; jobs that ask for memory must fit under RealMemory.
 real_memory_mb=${RECIPEVAL_SLURM_MEMORY_MB:-$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)}
 gpu_range="$SLURM_TEST_DIR/dev/gpu[0-$((SLURM_TEST_GPU_COUNT - 1))]"
+node_resources="CPUs=$cpus RealMemory=$real_memory_mb Gres=gpu:$SLURM_TEST_GPU_TYPE:$SLURM_TEST_GPU_COUNT State=UNKNOWN"
+if ((SLURM_TEST_NODE_COUNT == 1)); then
+    slurmd_files="SlurmdPidFile=$SLURM_TEST_DIR/run/slurmd.pid
+SlurmdLogFile=$SLURM_TEST_DIR/log/slurmd.log"
+    node_lines="NodeName=$SLURM_TEST_NODE NodeAddr=127.0.0.1 $node_resources"
+else
+    # Multiple-slurmd mode: every node is this host (NodeHostname), told apart by its port; the
+    # placeholder GPU files are shared, each node sees all of them.
+    slurmd_files="SlurmdPidFile=$SLURM_TEST_DIR/run/slurmd-%n.pid
+SlurmdLogFile=$SLURM_TEST_DIR/log/slurmd-%n.log"
+    node_lines=$(for ((i = 0; i < SLURM_TEST_NODE_COUNT; i++)); do
+        echo "NodeName=${SLURM_TEST_NODES[i]} NodeHostname=$SLURM_TEST_HOST NodeAddr=127.0.0.1 Port=${slurmd_ports[i]} $node_resources"
+    done)
+fi
 
 cat >"$SLURM_TEST_DIR/etc/slurm.conf" <<CONF
-# Written by scripts/slurm/up.sh: a single-node test cluster, no accounting database.
+# Written by scripts/slurm/up.sh: a test cluster of $SLURM_TEST_NODE_COUNT node(s), no accounting database.
 ClusterName=recipeval-ci
-SlurmctldHost=$SLURM_TEST_NODE(127.0.0.1)
+SlurmctldHost=$SLURM_TEST_HOST(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=$SLURM_TEST_CTLD_PORT
@@ -97,9 +119,8 @@ AuthInfo=socket=$SLURM_TEST_DIR/munge/munge.socket
 StateSaveLocation=$SLURM_TEST_DIR/state
 SlurmdSpoolDir=$SLURM_TEST_DIR/spool/%n
 SlurmctldPidFile=$SLURM_TEST_DIR/run/slurmctld.pid
-SlurmdPidFile=$SLURM_TEST_DIR/run/slurmd.pid
+$slurmd_files
 SlurmctldLogFile=$SLURM_TEST_DIR/log/slurmctld.log
-SlurmdLogFile=$SLURM_TEST_DIR/log/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
 MpiDefault=none
@@ -128,13 +149,13 @@ MessageTimeout=10
 SlurmdTimeout=60
 ReturnToService=2
 GresTypes=gpu
-NodeName=$SLURM_TEST_NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$real_memory_mb Gres=gpu:$SLURM_TEST_GPU_TYPE:$SLURM_TEST_GPU_COUNT State=UNKNOWN
-PartitionName=$SLURM_TEST_PARTITION Nodes=$SLURM_TEST_NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+$node_lines
+PartitionName=$SLURM_TEST_PARTITION Nodes=$node_list Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
 
-cat >"$SLURM_TEST_DIR/etc/gres.conf" <<CONF
-NodeName=$SLURM_TEST_NODE Name=gpu Type=$SLURM_TEST_GPU_TYPE File=$gpu_range
-CONF
+for node in "${SLURM_TEST_NODES[@]}"; do
+    echo "NodeName=$node Name=gpu Type=$SLURM_TEST_GPU_TYPE File=$gpu_range"
+done >"$SLURM_TEST_DIR/etc/gres.conf"
 
 link_default_conf
 
@@ -149,13 +170,17 @@ munged --force \
     --seed-file="$SLURM_TEST_DIR/munge/munged.seed" 9>&-
 
 slurmctld -c -f "$SLURM_CONF" 9>&-
-slurmd -f "$SLURM_CONF" 9>&-
+if ((SLURM_TEST_NODE_COUNT == 1)); then
+    slurmd -f "$SLURM_CONF" 9>&-
+else
+    for node in "${SLURM_TEST_NODES[@]}"; do slurmd -f "$SLURM_CONF" -N "$node" 9>&-; done
+fi
 
 deadline=$((SECONDS + ${RECIPEVAL_SLURM_UP_TIMEOUT:-60}))
 until [[ $(node_state) == idle ]]; do
     ((SECONDS < deadline)) \
-        || fail "node $SLURM_TEST_NODE not idle after ${RECIPEVAL_SLURM_UP_TIMEOUT:-60}s (state: $(node_state))"
+        || fail "nodes $node_list not idle after ${RECIPEVAL_SLURM_UP_TIMEOUT:-60}s (state: $(node_state))"
     sleep 0.5
 done
-log "up: node $SLURM_TEST_NODE idle, partition $SLURM_TEST_PARTITION, gres gpu:$SLURM_TEST_GPU_TYPE:$SLURM_TEST_GPU_COUNT, SLURM_CONF=$SLURM_CONF"
+log "up: nodes $node_list idle, partition $SLURM_TEST_PARTITION, gres gpu:$SLURM_TEST_GPU_TYPE:$SLURM_TEST_GPU_COUNT, SLURM_CONF=$SLURM_CONF"
 print_exports

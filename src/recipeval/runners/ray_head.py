@@ -22,21 +22,25 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
 
-from recipeval.atomic import atomic_write_text
 from recipeval.runners.base import RunnerError
 
 STATE_DIR_ENV = "RECIPEVAL_RAY_STATE_DIR"
 STATE_FILE = "head.json"
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 START_TIMEOUT_S = 180.0  # a loaded 2-core machine took over 60 s
+# What `ray start --block` prints once its GCS and raylet are up (Ray 2.x); only then is the
+# dashboard asked, so a starting head is not loaded with HTTP probes.
+BLOCKING_LINE = "will now block forever"
+READY_POLL_S = 0.25
 
 
 @dataclass
@@ -67,9 +71,7 @@ def ray_executable() -> str:
     beside = Path(sys.executable).parent / "ray"
     found = str(beside) if beside.exists() else shutil.which("ray")
     if not found:
-        raise RunnerError(
-            "the `ray` command is not installed; install ray[default] or use --runner local"
-        )
+        raise RunnerError("the `ray` command is not installed; install ray[default] or use --runner local")
     return found
 
 
@@ -96,24 +98,22 @@ def start_head(
     num_cpus: int | None = None,
     num_gpus: int | None = None,
     node_name: str | None = None,
+    launcher: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> HeadState:
-    """Start a head (GPUs/CPUs autodetected unless given) and wait until its dashboard answers."""
+    """Start a head (GPUs/CPUs autodetected unless given) and wait until its dashboard answers.
+    `launcher` prefixes the command (e.g. `srun ... --overlap` to run the head as a job step);
+    the recorded pid is then the launcher's, and the head dies with it. `env`: the head's
+    environment (default: this process's)."""
     pin_auth_mode()
     state_dir.mkdir(parents=True, exist_ok=True)
     # Ray's unix socket paths must stay short: its temp dir goes under /tmp, not state_dir.
     temp_dir = tempfile.mkdtemp(prefix="rv-ray-")
     gcs_port, dash_port = free_port(host), free_port(host)
     cmd = [
-        ray_executable(),
-        "start",
-        "--head",
-        "--block",
-        "--disable-usage-stats",
-        f"--node-ip-address={host}",
-        f"--port={gcs_port}",
-        "--include-dashboard=true",
-        f"--dashboard-host={host}",
-        f"--dashboard-port={dash_port}",
+        *launcher, ray_executable(), "start", "--head", "--block", "--disable-usage-stats",
+        f"--node-ip-address={host}", f"--port={gcs_port}",
+        "--include-dashboard=true", f"--dashboard-host={host}", f"--dashboard-port={dash_port}",
         f"--dashboard-agent-listen-port={free_port(host)}",
         f"--ray-client-server-port={free_port(host)}",
         f"--temp-dir={temp_dir}",
@@ -124,15 +124,13 @@ def start_head(
         cmd.append(f"--num-gpus={num_gpus}")
     if node_name:
         cmd.append(f"--node-name={node_name}")
+    head_env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
+    head_env.setdefault(AUTH_MODE_ENV, os.environ[AUTH_MODE_ENV])
     log = state_dir / f"ray-head-{os.getpid()}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, env=head_env,
         )
     state = HeadState(
         pid=proc.pid,
@@ -142,14 +140,29 @@ def start_head(
         temp_dir=temp_dir,
         log=str(log),
     )
-    end = time.monotonic() + START_TIMEOUT_S
-    while not dashboard_ready(state.dashboard):
-        if proc.poll() is not None or time.monotonic() > end:
-            tail = "\n".join(Path(log).read_text(errors="replace").splitlines()[-15:])
-            stop_head(state)
-            raise RunnerError(f"the Ray head did not come up; its last output:\n{tail}")
-        time.sleep(0.5)
+    failure = _wait_ready(proc, state)
+    if failure:
+        tail = "\n".join(Path(log).read_text(errors="replace").splitlines()[-15:])
+        stop_head(state)
+        raise RunnerError(f"the Ray head {failure}; its last output:\n{tail}")
     return state
+
+
+def _wait_ready(proc: subprocess.Popen, state: HeadState, timeout: float = START_TIMEOUT_S) -> str:
+    """Wait until the head says it is up and its dashboard answers; return why not (or "").
+    A thread waits on the head process, so its death ends the wait at once."""
+    died = threading.Event()
+    threading.Thread(target=lambda: (proc.wait(), died.set()), daemon=True).start()
+    end = time.monotonic() + timeout
+    started = False
+    while not died.is_set():
+        started = started or BLOCKING_LINE in Path(state.log).read_text(errors="replace")
+        if started and dashboard_ready(state.dashboard):
+            return ""
+        if time.monotonic() > end:
+            return f"did not come up within {timeout:g} s"
+        died.wait(READY_POLL_S)
+    return f"exited with status {proc.returncode} while starting"
 
 
 def stop_head(state: HeadState, grace: float = 15.0) -> None:
@@ -189,7 +202,7 @@ def _names(proc: psutil.Process, temp_dir: str) -> bool:
 
 
 @contextmanager
-def _locked(state_dir: Path) -> Iterator[None]:
+def locked(state_dir: Path) -> Iterator[None]:
     state_dir.mkdir(parents=True, exist_ok=True)
     with open(state_dir / "head.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -207,13 +220,15 @@ def read_state(state_dir: Path) -> HeadState | None:
 
 
 def _write_state(state_dir: Path, state: HeadState) -> None:
-    atomic_write_text(state_dir / STATE_FILE, json.dumps(asdict(state), indent=2))
+    tmp = state_dir / f".{STATE_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(asdict(state), indent=2))
+    os.replace(tmp, state_dir / STATE_FILE)
 
 
 def shared_head(state_dir: Path) -> HeadState:
     """The pipeline run's head: reuse the recorded one when it is alive, else start one."""
     pin_auth_mode()
-    with _locked(state_dir):
+    with locked(state_dir):
         state = read_state(state_dir)
         if state is not None and head_alive(state) and dashboard_ready(state.dashboard):
             return state
@@ -226,7 +241,7 @@ def shared_head(state_dir: Path) -> HeadState:
 
 def shared_head_down(state_dir: Path) -> bool:
     """Stop the recorded head of state_dir; False when there was none."""
-    with _locked(state_dir):
+    with locked(state_dir):
         state = read_state(state_dir)
         if state is None:
             return False
