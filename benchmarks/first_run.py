@@ -61,8 +61,9 @@ def main() -> int:
         return 1
     os.environ["PATH"] = env_path
     # The pipeline half of `make run` (its set-up step is what was just timed).
-    pipeline_s, rc = timed([str(clone / ".venv/bin/snakemake"), "--cores", "all"], clone,
-                           work / "pipeline.log")
+    pipeline_s, rc = timed(
+        [str(clone / ".venv/bin/snakemake"), "--cores", "all"], clone, work / "pipeline.log"
+    )
     print(f"set-up          {setup_s:7.1f} s{' (reused .venv)' if args.reuse_venv else ''}")
     for name, seconds in stage_times(clone / "results").items():
         print(f"  {name:38} {seconds:7.1f} s")

@@ -67,8 +67,11 @@ class Scenario:
 def history(rng: np.random.Generator, scenario: Scenario, noise: Noise) -> np.ndarray:
     """(metrics, nights) array of nightly values."""
     levels = rng.uniform(20, 500, scenario.metrics)
-    x = levels[:, None] * (1 + scenario.cv * noise(rng, scenario.metrics * scenario.nights)
-                           .reshape(scenario.metrics, scenario.nights))
+    x = levels[:, None] * (
+        1
+        + scenario.cv
+        * noise(rng, scenario.metrics * scenario.nights).reshape(scenario.metrics, scenario.nights)
+    )
     if scenario.start is not None:
         after = np.arange(scenario.nights) >= scenario.start
         since = np.maximum(np.arange(scenario.nights) - scenario.start + 1, 0)

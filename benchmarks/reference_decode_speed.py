@@ -42,8 +42,13 @@ def _sync(device: torch.device) -> None:
 def time_generate(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int) -> float:
     """Seconds for transformers' own sampling loop with its default (dynamic) cache."""
     kwargs = {
-        "do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
-        "max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "pad_token_id": PAD_ID,
+        "do_sample": True,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "max_new_tokens": new_tokens,
+        "min_new_tokens": new_tokens,
+        "pad_token_id": PAD_ID,
         "eos_token_id": EOS_ID,
     }
     model.generate(prompts, **{**kwargs, "max_new_tokens": 8, "min_new_tokens": 8})  # warm-up
@@ -55,14 +60,29 @@ def time_generate(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int
     return time.perf_counter() - start
 
 
-def time_decoder(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int, attention: str,
-                 cuda_graph: bool, compile_step: bool, bucket: int,
-                 repeats: int) -> tuple[float, list[float]]:
+def time_decoder(
+    model: torch.nn.Module,
+    prompts: torch.Tensor,
+    new_tokens: int,
+    attention: str,
+    cuda_graph: bool,
+    compile_step: bool,
+    bucket: int,
+    repeats: int,
+) -> tuple[float, list[float]]:
     """(setup seconds incl. graph capture, seconds for each of `repeats` full batches)."""
     decoder = StaticCacheDecoder(
-        model, batch_size=len(prompts), prompt_len=PROMPT_TOKENS, max_new=new_tokens,
-        temperature=1.0, top_p=1.0, ignore_eos=True, attention=attention, cuda_graph=cuda_graph,
-        compile_step=compile_step, window_bucket=bucket,
+        model,
+        batch_size=len(prompts),
+        prompt_len=PROMPT_TOKENS,
+        max_new=new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        ignore_eos=True,
+        attention=attention,
+        cuda_graph=cuda_graph,
+        compile_step=compile_step,
+        window_bucket=bucket,
     )
     start = time.perf_counter()
     decoder.generate(prompts)  # first call: graph capture (and compile)
@@ -86,9 +106,13 @@ def floor_ms_per_step(model: torch.nn.Module, args: argparse.Namespace) -> dict[
     head_dim = args.hidden // args.heads
     mean_context = PROMPT_TOKENS + (args.new_tokens + 1) / 2
     kv_bytes = 2 * args.layers * args.batch * args.kv_heads * head_dim * mean_context * element
-    return {"weight_bytes": weight_bytes, "kv_bytes_at_mean_context": kv_bytes,
-            "mean_context": mean_context, "bandwidth": args.bandwidth,
-            "floor_ms_per_step": 1000 * (weight_bytes + kv_bytes) / args.bandwidth}
+    return {
+        "weight_bytes": weight_bytes,
+        "kv_bytes_at_mean_context": kv_bytes,
+        "mean_context": mean_context,
+        "bandwidth": args.bandwidth,
+        "floor_ms_per_step": 1000 * (weight_bytes + kv_bytes) / args.bandwidth,
+    }
 
 
 def main() -> None:
@@ -109,55 +133,91 @@ def main() -> None:
     p.add_argument("--bucket", type=int, default=1024, help="attention-window bucket of graph mode")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1, help="timed batches per mode")
-    p.add_argument("--bandwidth", type=float, default=4.8e12, help="bytes/s of the floor (H200 HBM)")
+    p.add_argument(
+        "--bandwidth", type=float, default=4.8e12, help="bytes/s of the floor (H200 HBM)"
+    )
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    shape = ModelShape(args.layers, args.hidden, args.ffn, args.heads, args.kv_heads, args.vocab,
-                       PROMPT_TOKENS + max(args.new_tokens, args.baseline_tokens) + 64)
+    shape = ModelShape(
+        args.layers,
+        args.hidden,
+        args.ffn,
+        args.heads,
+        args.kv_heads,
+        args.vocab,
+        PROMPT_TOKENS + max(args.new_tokens, args.baseline_tokens) + 64,
+    )
     model = cast_weights(build_model(shape, 0, args.attn), device, DTYPES[args.dtype]).eval()
-    prompts = torch.tensor([q.prompt_ids() for q in problems(0, "bench", 0, args.batch)], device=device)
+    prompts = torch.tensor(
+        [q.prompt_ids() for q in problems(0, "bench", 0, args.batch)], device=device
+    )
     summary: dict[str, object] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "parameters": parameter_count(model), "batch": args.batch, "dtype": args.dtype,
-        "attn": args.attn, "torch": torch.__version__,
+        "parameters": parameter_count(model),
+        "batch": args.batch,
+        "dtype": args.dtype,
+        "attn": args.attn,
+        "torch": torch.__version__,
     }
     import transformers
 
     summary["transformers"] = transformers.__version__
     floor = floor_ms_per_step(model, args)
     summary["floor"] = floor
-    print(f"floor: {floor['weight_bytes'] / 1e9:.3f} GB weights + "
-          f"{floor['kv_bytes_at_mean_context'] / 1e9:.3f} GB KV cache at mean context "
-          f"{floor['mean_context']:.0f} per step at {args.bandwidth / 1e12:.1f} TB/s = "
-          f"{floor['floor_ms_per_step']:.3f} ms/step", flush=True)
+    print(
+        f"floor: {floor['weight_bytes'] / 1e9:.3f} GB weights + "
+        f"{floor['kv_bytes_at_mean_context'] / 1e9:.3f} GB KV cache at mean context "
+        f"{floor['mean_context']:.0f} per step at {args.bandwidth / 1e12:.1f} TB/s = "
+        f"{floor['floor_ms_per_step']:.3f} ms/step",
+        flush=True,
+    )
     with torch.inference_mode():
         if args.baseline_tokens:
             seconds = time_generate(model, prompts, args.baseline_tokens)
             tps = args.batch * args.baseline_tokens / seconds
-            summary["generate"] = {"new_tokens": args.baseline_tokens, "seconds": seconds,
-                                   "tokens_per_s": tps, "ms_per_step": 1000 * seconds / args.baseline_tokens}
-            print(f"generate(): {args.baseline_tokens} tokens x {args.batch} in {seconds:.2f} s = "
-                  f"{tps:.0f} tok/s, {1000 * seconds / args.baseline_tokens:.2f} ms/step", flush=True)
+            summary["generate"] = {
+                "new_tokens": args.baseline_tokens,
+                "seconds": seconds,
+                "tokens_per_s": tps,
+                "ms_per_step": 1000 * seconds / args.baseline_tokens,
+            }
+            print(
+                f"generate(): {args.baseline_tokens} tokens x {args.batch} in {seconds:.2f} s = "
+                f"{tps:.0f} tok/s, {1000 * seconds / args.baseline_tokens:.2f} ms/step",
+                flush=True,
+            )
         for mode in filter(None, args.modes.split(",")):
             graph, compiled = mode in ("graph", "compile-graph"), mode.startswith("compile")
             # compile-graph: one window, the whole cache (one compile, one graph).
             bucket = {"eager": 1, "graph": args.bucket}.get(mode, 1 << 20)
-            setup, times = time_decoder(model, prompts, args.new_tokens, args.attn, graph, compiled,
-                                        bucket, args.repeats)
+            setup, times = time_decoder(
+                model, prompts, args.new_tokens, args.attn, graph, compiled, bucket, args.repeats
+            )
             seconds = min(times)
             tps = args.batch * args.new_tokens / seconds
             ms = 1000 * seconds / args.new_tokens
             ratio = ms / floor["floor_ms_per_step"]
-            summary[mode] = {"new_tokens": args.new_tokens, "seconds": seconds, "all_seconds": times,
-                             "setup_seconds": setup, "tokens_per_s": tps, "ms_per_step": ms,
-                             "ratio_to_floor": ratio}
-            print(f"{mode}: {args.new_tokens} tokens x {args.batch} in {seconds:.2f} s (best of "
-                  f"{len(times)}: {', '.join(f'{t:.2f}' for t in times)}) = {tps:.0f} tok/s, "
-                  f"{ms:.3f} ms/step = {ratio:.2f}x the floor (setup {setup:.1f} s)", flush=True)
+            summary[mode] = {
+                "new_tokens": args.new_tokens,
+                "seconds": seconds,
+                "all_seconds": times,
+                "setup_seconds": setup,
+                "tokens_per_s": tps,
+                "ms_per_step": ms,
+                "ratio_to_floor": ratio,
+            }
+            print(
+                f"{mode}: {args.new_tokens} tokens x {args.batch} in {seconds:.2f} s (best of "
+                f"{len(times)}: {', '.join(f'{t:.2f}' for t in times)}) = {tps:.0f} tok/s, "
+                f"{ms:.3f} ms/step = {ratio:.2f}x the floor (setup {setup:.1f} s)",
+                flush=True,
+            )
             if "generate" in summary:
-                print(f"  speed-up over generate(): {tps / summary['generate']['tokens_per_s']:.1f}x")
+                print(
+                    f"  speed-up over generate(): {tps / summary['generate']['tokens_per_s']:.1f}x"
+                )
     print(json.dumps(summary, indent=2))
 
 

@@ -39,19 +39,29 @@ def records(rng: np.random.Generator, values: np.ndarray, bump_at: int | None) -
     for night in range(values.shape[1]):
         metrics = {f"bench.metrics.m{i}": float(v) for i, v in enumerate(values[:, night])}
         torch = "2.9.2" if bump_at is not None and night >= bump_at else "2.9.1"
-        runs.append(RunRecord(
-            run_id=f"run{night:03d}", recipe=RECIPE, recipe_sha256="0" * 64,
-            date=f"2026-11-{1 + night // 24:02d}T{night % 24:02d}:00:00+00:00",
-            stages={"bench": StageOutcome(status="pass")}, metrics=metrics,
-            intervals={m: (0.99 * v, 1.01 * v) for m, v in metrics.items()},
-            packages={"torch": torch, "sglang": "0.5.16"},
-            provenance={"host": f"node0{int(rng.integers(1, 4))}"},
-        ))
+        runs.append(
+            RunRecord(
+                run_id=f"run{night:03d}",
+                recipe=RECIPE,
+                recipe_sha256="0" * 64,
+                date=f"2026-11-{1 + night // 24:02d}T{night % 24:02d}:00:00+00:00",
+                stages={"bench": StageOutcome(status="pass")},
+                metrics=metrics,
+                intervals={m: (0.99 * v, 1.01 * v) for m, v in metrics.items()},
+                packages={"torch": torch, "sglang": "0.5.16"},
+                provenance={"host": f"node0{int(rng.integers(1, 4))}"},
+            )
+        )
     return runs
 
 
-def false_alarm_rate(rng: np.random.Generator, noise: Noise, trials: int,
-                     settings: RegressionSettings, cv: float = 0.02) -> float:
+def false_alarm_rate(
+    rng: np.random.Generator,
+    noise: Noise,
+    trials: int,
+    settings: RegressionSettings,
+    cv: float = 0.02,
+) -> float:
     flagged = judged = 0
     for _ in range(trials):
         runs = records(rng, history(rng, Scenario(30, cv=cv), noise), None)
@@ -61,8 +71,14 @@ def false_alarm_rate(rng: np.random.Generator, noise: Noise, trials: int,
     return flagged / judged
 
 
-def catch_rate(rng: np.random.Generator, noise: Noise, scenario: Scenario, within: int,
-               trials: int, settings: RegressionSettings) -> tuple[float, float, float]:
+def catch_rate(
+    rng: np.random.Generator,
+    noise: Noise,
+    scenario: Scenario,
+    within: int,
+    trials: int,
+    settings: RegressionSettings,
+) -> tuple[float, float, float]:
     """(caught within `within` nights, caught with the right night and cause, mean nights to
     the catch among those caught)."""
     caught = right = 0
@@ -72,7 +88,9 @@ def catch_rate(rng: np.random.Generator, noise: Noise, scenario: Scenario, withi
         runs = records(rng, history(rng, scenario, noise), start)
         for night in range(start, start + within):
             verdict = judge_run(runs[night], runs[: night + 1], settings)
-            if verdict.status == "regressed" and any(m.metric.endswith("m0") for m in verdict.regressions):
+            if verdict.status == "regressed" and any(
+                m.metric.endswith("m0") for m in verdict.regressions
+            ):
                 caught += 1
                 delays.append(night - start + 1)
                 named = any(c.key == "torch" for c in verdict.changes)
@@ -99,13 +117,29 @@ def main() -> None:
             print(f"{family:8} {name:9} false 'regressed' per quiet recipe-night: {quiet:.2%}")
             for quiet_nights in (15, 30):
                 for label, scenario, within in (
-                    ("+4 % at 0.5 % noise", Scenario(quiet_nights + 3, cv=0.005, start=quiet_nights, shift=0.04), 3),
-                    ("+6 % at 2 % noise  ", Scenario(quiet_nights + 3, cv=0.02, start=quiet_nights, shift=0.06), 3),
-                    ("+0.5 %/night, 1 %  ", Scenario(quiet_nights + 10, cv=0.01, start=quiet_nights, drift=0.005), 10),
+                    (
+                        "+4 % at 0.5 % noise",
+                        Scenario(quiet_nights + 3, cv=0.005, start=quiet_nights, shift=0.04),
+                        3,
+                    ),
+                    (
+                        "+6 % at 2 % noise  ",
+                        Scenario(quiet_nights + 3, cv=0.02, start=quiet_nights, shift=0.06),
+                        3,
+                    ),
+                    (
+                        "+0.5 %/night, 1 %  ",
+                        Scenario(quiet_nights + 10, cv=0.01, start=quiet_nights, drift=0.005),
+                        10,
+                    ),
                 ):
-                    caught, right, delay = catch_rate(rng, noise, scenario, within, args.trials, settings)
-                    print(f"{'':18} after {quiet_nights} nights, {label} caught within {within:2d} nights "
-                          f"{caught:7.1%}  right night and cause {right:7.1%}  mean nights to catch {delay:.1f}")
+                    caught, right, delay = catch_rate(
+                        rng, noise, scenario, within, args.trials, settings
+                    )
+                    print(
+                        f"{'':18} after {quiet_nights} nights, {label} caught within {within:2d} nights "
+                        f"{caught:7.1%}  right night and cause {right:7.1%}  mean nights to catch {delay:.1f}"
+                    )
     print(f"elapsed {time.perf_counter() - started:.1f} s")
 
 

@@ -149,26 +149,41 @@ def calibrate(traces: list[Trace], precision: float, min_steps: int) -> float:
 
 def shapes(n_traces: int, seed: int, rule: StoppingRule) -> None:
     """Section 4: honest (covers the truth, or reported not steady) at 20 steps and at the stop."""
-    print(f"4. issue-23 shapes, {n_traces} traces each; rule: rel_ci {rule.rel_ci:.0%}, min_steps "
-          f"{rule.min_steps}, max_steps {rule.max_steps} (target: honest >= 92 %)")
-    print(f"   {'family':8} {'shape':15} {'honest@20':>9} {'not steady@20':>13} {'honest@stop':>11} "
-          f"{'not steady@stop':>15} {'steps':>5} {'precise':>7} {'warm-up +/-1':>12}")
+    print(
+        f"4. issue-23 shapes, {n_traces} traces each; rule: rel_ci {rule.rel_ci:.0%}, min_steps "
+        f"{rule.min_steps}, max_steps {rule.max_steps} (target: honest >= 92 %)"
+    )
+    print(
+        f"   {'family':8} {'shape':15} {'honest@20':>9} {'not steady@20':>13} {'honest@stop':>11} "
+        f"{'not steady@stop':>15} {'steps':>5} {'precise':>7} {'warm-up +/-1':>12}"
+    )
     rng = np.random.default_rng(seed)
     for family, generators in (("tuned", TUNED), ("held-out", HELD_OUT)):
         for name, generate in generators.items():
             traces = [generate(rng) for _ in range(n_traces)]
             at20 = [steady_state(t.values[:20]) for t in traces]
-            honest20 = np.mean([e.interval.covers(t.truth) or e.trending for e, t in zip(at20, traces, strict=True)])
+            honest20 = np.mean(
+                [
+                    e.interval.covers(t.truth) or e.trending
+                    for e, t in zip(at20, traces, strict=True)
+                ]
+            )
             stops = [run_until_stop({"t": t.values[: rule.max_steps]}, rule) for t in traces]
             at_stop = [d.estimates["t"] for d in stops]
-            honest = np.mean([e.interval.covers(t.truth) or e.trending
-                              for e, t in zip(at_stop, traces, strict=True)])
+            honest = np.mean(
+                [
+                    e.interval.covers(t.truth) or e.trending
+                    for e, t in zip(at_stop, traces, strict=True)
+                ]
+            )
             warm = [abs(detect_warmup(t.values[:20]) - t.warmup) <= 1 for t in traces if t.warmup]
-            print(f"   {family:8} {name:15} {honest20:9.1%} {np.mean([e.trending for e in at20]):13.1%} "
-                  f"{honest:11.1%} {np.mean([e.trending for e in at_stop]):15.1%} "
-                  f"{np.mean([d.steps for d in stops]):5.1f} "
-                  f"{np.mean([d.reason == 'precise' for d in stops]):7.1%} "
-                  + (f"{np.mean(warm):12.1%}" if warm else f"{'':>12}"))
+            print(
+                f"   {family:8} {name:15} {honest20:9.1%} {np.mean([e.trending for e in at20]):13.1%} "
+                f"{honest:11.1%} {np.mean([e.trending for e in at_stop]):15.1%} "
+                f"{np.mean([d.steps for d in stops]):5.1f} "
+                f"{np.mean([d.reason == 'precise' for d in stops]):7.1%} "
+                + (f"{np.mean(warm):12.1%}" if warm else f"{'':>12}")
+            )
 
 
 def main() -> None:
@@ -176,8 +191,12 @@ def main() -> None:
     parser.add_argument("--traces", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--part", choices=("all", "shapes"), default="all")
-    parser.add_argument("--max-steps", type=int, default=StoppingRule().max_steps,
-                        help="max_steps of the rule in section 4")
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=StoppingRule().max_steps,
+        help="max_steps of the rule in section 4",
+    )
     args = parser.parse_args()
     if args.part == "shapes":
         t0 = time.perf_counter()

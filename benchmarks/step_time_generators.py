@@ -56,7 +56,9 @@ def _skewed(rng: np.random.Generator, n: int) -> np.ndarray:
     return (rng.lognormal(0.0, s, n) - mean) / sd
 
 
-def _level_noise(rng: np.random.Generator, low: float = 0.01, high: float = 0.03) -> tuple[float, float]:
+def _level_noise(
+    rng: np.random.Generator, low: float = 0.01, high: float = 0.03
+) -> tuple[float, float]:
     return float(rng.uniform(20, 500)), float(rng.uniform(low, high))
 
 
@@ -140,8 +142,18 @@ def skewed(rng: np.random.Generator) -> Trace:
     return Trace(x, mu, 0)
 
 
-TUNED: dict[str, Family] = {"ar1": ar1, "drift": drift, "exp-warmup": exp_warmup,
-                            "linear-warmup": linear_warmup, "every-5th": every_5th, "t3": t3}
-HELD_OUT: dict[str, Family] = {"ar1-laplace": ar1_laplace, "drift-skewed": drift_skewed,
-                               "sigmoid-warmup": sigmoid_warmup, "every-kth": every_kth,
-                               "skewed": skewed}
+TUNED: dict[str, Family] = {
+    "ar1": ar1,
+    "drift": drift,
+    "exp-warmup": exp_warmup,
+    "linear-warmup": linear_warmup,
+    "every-5th": every_5th,
+    "t3": t3,
+}
+HELD_OUT: dict[str, Family] = {
+    "ar1-laplace": ar1_laplace,
+    "drift-skewed": drift_skewed,
+    "sigmoid-warmup": sigmoid_warmup,
+    "every-kth": every_kth,
+    "skewed": skewed,
+}

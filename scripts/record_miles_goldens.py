@@ -37,8 +37,12 @@ def miles_recipes(folder: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--miles", type=Path, default=os.environ.get("MILES_DIR"),
-                        help="miles git checkout [default: MILES_DIR]")
+    parser.add_argument(
+        "--miles",
+        type=Path,
+        default=os.environ.get("MILES_DIR"),
+        help="miles git checkout [default: MILES_DIR]",
+    )
     parser.add_argument("--recipes", type=Path, default=REPO / "recipes")
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "golden" / "miles")
     args = parser.parse_args(argv)
@@ -49,22 +53,27 @@ def main(argv: list[str] | None = None) -> int:
     for path in miles_recipes(args.recipes):
         recipe = load_recipe(path).recipe
         if recipe.source is None:
-            print(f"{path}: no source: block; every miles recipe names the launch it describes",
-                  file=sys.stderr)
+            print(
+                f"{path}: no source: block; every miles recipe names the launch it describes",
+                file=sys.stderr,
+            )
             failed += 1
             continue
         source = recipe.source
         try:
-            rec = record_at_commit(args.miles, source.commit, source.script, list(source.args),
-                                   source.repo)
+            rec = record_at_commit(
+                args.miles, source.commit, source.script, list(source.args), source.repo
+            )
         except RecordError as err:
             print(f"{path}: {err}", file=sys.stderr)
             failed += 1
             continue
         target = args.out / f"{recipe.name}.json"
         target.write_text(rec.to_json())
-        print(f"{target.relative_to(REPO) if target.is_relative_to(REPO) else target}: "
-              f"{rec.repo}@{rec.commit[:12]} {source.script} {' '.join(source.args)}")
+        print(
+            f"{target.relative_to(REPO) if target.is_relative_to(REPO) else target}: "
+            f"{rec.repo}@{rec.commit[:12]} {source.script} {' '.join(source.args)}"
+        )
     return 1 if failed else 0
 
 

@@ -42,5 +42,9 @@ def label(d: Difference) -> str:
 
 def differences_from_golden(launch: dict, golden: Recording) -> list[Difference]:
     """A `render --format json` launch against a golden, flag by flag and env var by env var."""
-    return launch_differences(golden.entrypoint, golden.runtime_env, launch["entrypoint"],
-                              launch["runtime_env"]["env_vars"])
+    return launch_differences(
+        golden.entrypoint,
+        golden.runtime_env,
+        launch["entrypoint"],
+        launch["runtime_env"]["env_vars"],
+    )

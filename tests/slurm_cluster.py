@@ -280,7 +280,10 @@ def start_cluster(directory: Path, extra_env: Mapping[str, str] | None = None) -
     cluster_env = {**os.environ, **env, **exports}
     nodes = subprocess.run(
         ["sinfo", "--noheader", "--Node", "--format=%N"],
-        capture_output=True, text=True, check=True, env=cluster_env,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=cluster_env,
     ).stdout.split()
     return SlurmCluster(
         directory=directory,
@@ -357,8 +360,12 @@ def two_node_slurm_cluster() -> Iterator[SlurmCluster]:
     directory = Path(os.environ.get("RECIPEVAL_SLURM_2NODE_DIR", TWO_NODE_DIR))
     started_here = not cluster_is_running(directory)
     conf = directory / "etc" / "slurm.conf"
-    ctld = (None if started_here else _configured_port(conf, "SlurmctldPort")) or str(free_port_pair())
-    slurmd = (None if started_here else _configured_port(conf, "SlurmdPort")) or str(free_port_pair())
+    ctld = (None if started_here else _configured_port(conf, "SlurmctldPort")) or str(
+        free_port_pair()
+    )
+    slurmd = (None if started_here else _configured_port(conf, "SlurmdPort")) or str(
+        free_port_pair()
+    )
     extra = {
         "RECIPEVAL_SLURM_NODES": "2",
         "RECIPEVAL_SLURM_CTLD_PORT": ctld,

@@ -37,9 +37,13 @@ def test_the_compressor_travels_with_unified_kv(tmp_path, judge):
     kv = groups[("env.SGLANG_HACK_FLASHMLA_BACKEND", "env.SGLANG_OPT_USE_COMPRESSOR_V2")]
     assert "rocm-unified-kv-needs-compressor-v2" in kv.reasons[0]
     # The PR's other changes stand alone: each is a variant env_check accepts.
-    assert set(groups) == {kv_keys := ("env.SGLANG_HACK_FLASHMLA_BACKEND", "env.SGLANG_OPT_USE_COMPRESSOR_V2"),
-                           ("parallel.tp",), ("env.SGLANG_OPT_USE_JIT_NORM",),
-                           ("args.rollout-max-response-len",), ("args.sglang-mem-fraction-static",)}
+    assert set(groups) == {
+        kv_keys := ("env.SGLANG_HACK_FLASHMLA_BACKEND", "env.SGLANG_OPT_USE_COMPRESSOR_V2"),
+        ("parallel.tp",),
+        ("env.SGLANG_OPT_USE_JIT_NORM",),
+        ("args.rollout-max-response-len",),
+        ("args.sglang-mem-fraction-static",),
+    }
     assert groups[kv_keys] is kv
     assert "kept together: alone, env_check fails rule.rocm" in "\n".join(plan_lines(ablation))
     paths = emit(ablation, tmp_path / "variants")
@@ -47,16 +51,25 @@ def test_the_compressor_travels_with_unified_kv(tmp_path, judge):
     for path in paths:
         variant = load_recipe(path).recipe
         assert variant.sweep is not None and variant.sweep.kind == "ablation"
-        assert not [c for c in judge(variant) if not c.ok and c.severity == "error"
-                    and c.id.startswith(("rule.", "megatron.", "layout."))]
+        assert not [
+            c
+            for c in judge(variant)
+            if not c.ok
+            and c.severity == "error"
+            and c.id.startswith(("rule.", "megatron.", "layout."))
+        ]
     everything = load_recipe(paths[-1]).recipe
     assert changed_keys(everything, after.recipe) == {}
 
 
 def test_grouping_on_request_and_bad_pairs(judge):
     before = load_recipe(BEFORE)
-    ablation = plan(before, load_recipe(AFTER), judge,
-                    together=[["parallel", "args.sglang-mem-fraction-static"]])
+    ablation = plan(
+        before,
+        load_recipe(AFTER),
+        judge,
+        together=[["parallel", "args.sglang-mem-fraction-static"]],
+    )
     assert ["args.sglang-mem-fraction-static", "parallel.tp"] in [g.keys for g in ablation.groups]
     with pytest.raises(AblationError, match="no changed key"):
         plan(before, load_recipe(AFTER), judge, together=[["cluster"]])

@@ -19,8 +19,14 @@ from recipeval.analysis.steady_state import (
 )
 
 
-def trace(rng: np.random.Generator, n: int, warmup: int, mean: float = 100.0,
-          noise: float = 0.03, outlier_rate: float = 0.05) -> np.ndarray:
+def trace(
+    rng: np.random.Generator,
+    n: int,
+    warmup: int,
+    mean: float = 100.0,
+    noise: float = 0.03,
+    outlier_rate: float = 0.05,
+) -> np.ndarray:
     x = mean * (1 + noise * rng.standard_normal(n))
     x[:warmup] *= 1 + np.maximum(2.0 * 0.5 ** np.arange(warmup), 0.25)
     late = (rng.random(n) < outlier_rate) & (np.arange(n) >= warmup)
@@ -78,8 +84,7 @@ def test_interval_shrugs_off_a_wild_step() -> None:
 
 def test_interval_coverage_is_near_nominal() -> None:
     rng = np.random.default_rng(11)
-    covered = [trimmed_mean_interval(50 + rng.standard_normal(15)).covers(50.0)
-               for _ in range(600)]
+    covered = [trimmed_mean_interval(50 + rng.standard_normal(15)).covers(50.0) for _ in range(600)]
     assert 0.92 <= np.mean(covered) <= 0.98
 
 
@@ -126,15 +131,38 @@ def test_max_steps_reports_the_width_reached() -> None:
     assert decision.estimates["t"].interval.rel_width > 0.01
 
 
-@pytest.mark.parametrize("kwargs", [{"rel_ci": 0}, {"rel_ci": 1.5}, {"min_steps": 2},
-                                    {"min_steps": 9, "max_steps": 8}, {"confidence": 1.0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"rel_ci": 0},
+        {"rel_ci": 1.5},
+        {"min_steps": 2},
+        {"min_steps": 9, "max_steps": 8},
+        {"confidence": 1.0},
+    ],
+)
 def test_rule_rejects_nonsense(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         StoppingRule(**kwargs)
 
 
 def test_a_lone_odd_step_is_left_out_once_ten_steps_followed_it() -> None:
-    x = [100.4, 99.1, 101.2, 150.0, 100.0, 98.7, 100.9, 99.6, 100.3, 100.8, 99.2, 100.1, 99.8, 100.5]
+    x = [
+        100.4,
+        99.1,
+        101.2,
+        150.0,
+        100.0,
+        98.7,
+        100.9,
+        99.6,
+        100.3,
+        100.8,
+        99.2,
+        100.1,
+        99.8,
+        100.5,
+    ]
     assert np.flatnonzero(odd_steps(x)).tolist() == [3]
     est = steady_state([310.0, 190.0, *x], "t")
     assert (est.warmup, est.odd, est.used) == (2, (5,), 13)
@@ -147,8 +175,9 @@ def test_a_lone_odd_step_is_left_out_once_ten_steps_followed_it() -> None:
 
 def test_clean_noise_almost_never_loses_a_step() -> None:
     rng = np.random.default_rng(13)
-    dropped = sum(int(odd_steps(100 * (1 + 0.04 * rng.standard_normal(14))).sum())
-                  for _ in range(2000))
+    dropped = sum(
+        int(odd_steps(100 * (1 + 0.04 * rng.standard_normal(14))).sum()) for _ in range(2000)
+    )
     assert dropped / (2000 * 14) < 0.002
 
 
@@ -168,7 +197,10 @@ def test_every_fifth_step_slow_never_reports_the_fast_level() -> None:
         x[4::5] *= 1.3
         decision = run_until_stop({"t": x}, rule)
         assert decision.steps >= 10
-        assert decision.estimates["t"].interval.covers(100 * (1 + 0.3 / 5)) or decision.reason != "precise"
+        assert (
+            decision.estimates["t"].interval.covers(100 * (1 + 0.3 / 5))
+            or decision.reason != "precise"
+        )
 
 
 def _ar1(rng: np.random.Generator, n: int, phi: float, noise: float = 0.02) -> np.ndarray:
@@ -212,7 +244,7 @@ def test_gradual_warmups_are_found_within_a_step(shape: str) -> None:
         w = int(rng.integers(2, 6))
         x = 100 * (1 + 0.02 * rng.standard_normal(24))
         i = np.arange(w)
-        excess = 0.6 * 0.5 ** i if shape == "exponential" else 0.3 * (w - i) / w
+        excess = 0.6 * 0.5**i if shape == "exponential" else 0.3 * (w - i) / w
         x[:w] *= 1 + excess
         hits += abs(detect_warmup(x) - w) <= 1
     assert hits / 200 >= 0.9

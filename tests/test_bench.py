@@ -31,8 +31,9 @@ def bench_recipe(tmp_path: Path, expect: dict | None = None, **bench: object) ->
     return path
 
 
-def miles_log(path: Path, n: int, warmup: int = 2, noise: float = 0.01, seed: int = 0,
-              drift: float = 0.0) -> Path:
+def miles_log(
+    path: Path, n: int, warmup: int = 2, noise: float = 0.01, seed: int = 0, drift: float = 0.0
+) -> Path:
     """A miles-format log: rollout and train times around ROLLOUT and TRAIN with `warmup`
     slow first steps, growing by `drift` (relative) a step; the cycle is their sum plus 10 s."""
     rng = np.random.default_rng(seed)

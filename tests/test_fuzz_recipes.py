@@ -21,29 +21,58 @@ from typer.testing import CliRunner
 from recipeval.cli import app
 from recipeval.errors import RecipeError, UsageError
 
-COMMANDS = (("validate",), ("render",), ("render", "--format", "json", "--redact"),
-            ("env-check", "--static"))
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+COMMANDS = (
+    ("validate",),
+    ("render",),
+    ("render", "--format", "json", "--redact"),
+    ("env-check", "--static"),
+)
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 BASE: dict[str, Any] = yaml.safe_load(TINY_RECIPE.read_text())
 
 # Values a hostile or clumsy recipe holds where any key is expected.
 scalars = st.one_of(
-    st.none(), st.booleans(),
+    st.none(),
+    st.booleans(),
     st.integers(min_value=-(10**30), max_value=10**30),
     st.sampled_from([0, -1, 2**31, 2**63, 10**4000]),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=40),
     st.sampled_from(["", "90m", "1e20", "$(reboot)", "a\x00b", "../../x", "/dev/zero", "*", "~"]),
 )
-values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
-    max_leaves=12)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 # Keys as recipes spell them, plus names that are not POSIX or flag names.
-names = st.one_of(st.sampled_from(["HF_TOKEN", "BASH_ENV", "LD_PRELOAD", "A=B", "BAD$(x)", "A B",
-                                   "", "-x", "num-layers", "rollout-max-response-len",
-                                   "global-batch-size", "sglang-mem-fraction-static"]),
-                  st.text(max_size=16))
+names = st.one_of(
+    st.sampled_from(
+        [
+            "HF_TOKEN",
+            "BASH_ENV",
+            "LD_PRELOAD",
+            "A=B",
+            "BAD$(x)",
+            "A B",
+            "",
+            "-x",
+            "num-layers",
+            "rollout-max-response-len",
+            "global-batch-size",
+            "sglang-mem-fraction-static",
+        ]
+    ),
+    st.text(max_size=16),
+)
 
 
 def _paths(data: Any, prefix: tuple = ()) -> list[tuple]:
@@ -56,8 +85,14 @@ def _paths(data: Any, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
-KEY_PATHS = _paths(BASE) + [("env",), ("args",), ("stages", "smoke", "env"), ("stages", "bench"),
-                            ("allow_exec_env",), ("extends",)]
+KEY_PATHS = _paths(BASE) + [
+    ("env",),
+    ("args",),
+    ("stages", "smoke", "env"),
+    ("stages", "bench"),
+    ("allow_exec_env",),
+    ("extends",),
+]
 
 
 def _set(data: dict, path: tuple, value: Any) -> None:
@@ -141,7 +176,9 @@ def _check_all(path: Path) -> None:
 
 @FUZZ
 @given(recipe=schema_recipes())
-def test_schema_fuzz_never_tracebacks(tmp_path_factory: pytest.TempPathFactory, recipe: dict) -> None:
+def test_schema_fuzz_never_tracebacks(
+    tmp_path_factory: pytest.TempPathFactory, recipe: dict
+) -> None:
     path = tmp_path_factory.mktemp("fuzz") / "r.yaml"
     path.write_text(_dump(recipe))
     _check_all(path)
@@ -149,22 +186,41 @@ def test_schema_fuzz_never_tracebacks(tmp_path_factory: pytest.TempPathFactory, 
 
 @FUZZ
 @given(text=mutated_texts())
-def test_yaml_mutation_fuzz_never_tracebacks(tmp_path_factory: pytest.TempPathFactory, text: str) -> None:
+def test_yaml_mutation_fuzz_never_tracebacks(
+    tmp_path_factory: pytest.TempPathFactory, text: str
+) -> None:
     path = tmp_path_factory.mktemp("fuzz") / "r.yaml"
     path.write_bytes(text.encode("utf-8", errors="surrogateescape"))
     _check_all(path)
 
 
 FLAG_NUMBERS = st.dictionaries(
-    st.sampled_from(["rollout-max-response-len", "global-batch-size", "sglang-mem-fraction-static",
-                     "micro-batch-size", "num-steps-per-rollout", "rollout-batch-size"]),
-    st.one_of(st.integers(-5, 10**12), st.floats(allow_nan=False, allow_infinity=False,
-                                                   min_value=-1e30, max_value=1e30)),
-    min_size=1, max_size=3)
+    st.sampled_from(
+        [
+            "rollout-max-response-len",
+            "global-batch-size",
+            "sglang-mem-fraction-static",
+            "micro-batch-size",
+            "num-steps-per-rollout",
+            "rollout-batch-size",
+        ]
+    ),
+    st.one_of(
+        st.integers(-5, 10**12),
+        st.floats(allow_nan=False, allow_infinity=False, min_value=-1e30, max_value=1e30),
+    ),
+    min_size=1,
+    max_size=3,
+)
 
 
-@settings(max_examples=3, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=3,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(batch=st.lists(FLAG_NUMBERS, min_size=6, max_size=6))
 def test_miles_numbers_fuzz(tmp_path_factory: pytest.TempPathFactory, batch: list[dict]) -> None:
     """The checks on a real miles recipe: any number in the flags they read gives a verdict.
@@ -173,8 +229,10 @@ def test_miles_numbers_fuzz(tmp_path_factory: pytest.TempPathFactory, batch: lis
     paths = []
     for i, overrides in enumerate(batch):
         path = folder / f"m{i}.yaml"
-        path.write_text(f"extends: {PR_RECIPE}\nname: m{i}\n"
-                        f"args: {yaml.safe_dump(overrides, default_flow_style=True)}")
+        path.write_text(
+            f"extends: {PR_RECIPE}\nname: m{i}\n"
+            f"args: {yaml.safe_dump(overrides, default_flow_style=True)}"
+        )
         paths.append(str(path))
     assert _exit_code(["validate", *paths]) in (0, 2)
     assert _exit_code(["env-check", "--static", *paths]) in (0, 1, 2)

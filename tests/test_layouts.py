@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from recipeval.engines import render
-from recipeval.engines.reference import SPEED_KNOBS
+from recipeval.engines import engine_for, render
 from recipeval.explore.cost import Cost, calibrate
 from recipeval.explore.layouts import (
     Layout,
@@ -77,22 +76,36 @@ def test_emitted_layouts_change_only_the_parallel_flags(amd_32, tmp_path):
     before = render(resolve(loaded.recipe, "bench")).argv
     after = render(resolve(variant.recipe, "bench")).argv
     # the runtime env file lies in each recipe's own results folder, so its path differs too
-    changed = {w for w in set(after) ^ set(before)
-               if w.startswith("--") and not w.startswith("--runtime-env=")}
-    parallel_flags = {"--tensor-model-parallel-size", "--sequence-parallel", "--pipeline-model-parallel-size",
-                      "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-                      "--context-parallel-size", "--expert-model-parallel-size",
-                      "--expert-tensor-parallel-size"}
+    changed = {
+        w
+        for w in set(after) ^ set(before)
+        if w.startswith("--") and not w.startswith("--runtime-env=")
+    }
+    parallel_flags = {
+        "--tensor-model-parallel-size",
+        "--sequence-parallel",
+        "--pipeline-model-parallel-size",
+        "--decoder-first-pipeline-num-layers",
+        "--decoder-last-pipeline-num-layers",
+        "--context-parallel-size",
+        "--expert-model-parallel-size",
+        "--expert-tensor-parallel-size",
+    }
     assert changed <= parallel_flags
     assert len(before) != len(after) or before != after
 
 
 def test_calibration_recovers_the_scales_of_measured_runs():
-    costs = [Cost({"compute": 10.0, "tp": 1.0}), Cost({"compute": 8.0, "ep": 4.0}),
-             Cost({"compute": 12.0, "cp": 0.5})]
+    costs = [
+        Cost({"compute": 10.0, "tp": 1.0}),
+        Cost({"compute": 8.0, "ep": 4.0}),
+        Cost({"compute": 12.0, "cp": 0.5}),
+    ]
     measured = [2 * c.compute + 3 * c.communication for c in costs]
     fitted = calibrate(costs, measured)
-    assert fitted.compute_scale == pytest.approx(2) and fitted.communication_scale == pytest.approx(3)
+    assert fitted.compute_scale == pytest.approx(2) and fitted.communication_scale == pytest.approx(
+        3
+    )
     assert fitted.apply(costs[0]) == pytest.approx(measured[0])
     single = calibrate(costs[:1], [22.0])
     assert single.compute_scale == single.communication_scale == pytest.approx(2)
@@ -100,7 +113,7 @@ def test_calibration_recovers_the_scales_of_measured_runs():
 
 def test_a_fixed_layout_engine_sweeps_its_speed_knobs(tmp_path):
     loaded = load_recipe(TINY)
-    paths = emit_knobs(loaded, SPEED_KNOBS, tmp_path, top=None)
+    paths = emit_knobs(loaded, engine_for("reference").speed_knobs, tmp_path, top=None)
     assert len(paths) == 2 * 2 * 2 - 1  # every combination but the recipe's own
     variants = [load_recipe(p).recipe for p in paths]
     assert all(v.sweep is not None and v.sweep.kind == "layouts" for v in variants)

@@ -75,8 +75,12 @@ def test_parse_metric_dict_never_evaluates_code(tmp_path):
     with pytest.raises(ValueError):
         parse_metric_dict(f"{{'a': __import__('os').system('touch {marker}')}}")
     assert not marker.exists()
-    assert parse_metric_dict("{'a': float('nan'), 'b': -inf, 'c': [1, 2], 'd': 'x', 'e': True}") == {
-        "a": pytest.approx(math.nan, nan_ok=True), "b": -math.inf, "e": 1.0,
+    assert parse_metric_dict(
+        "{'a': float('nan'), 'b': -inf, 'c': [1, 2], 'd': 'x', 'e': True}"
+    ) == {
+        "a": pytest.approx(math.nan, nan_ok=True),
+        "b": -math.inf,
+        "e": 1.0,
     }
 
 
@@ -98,20 +102,24 @@ def test_parse_log_cli_writes_csv_and_parquet_and_reports_malformed(tmp_path):
     for name in ("steps.csv", "steps.parquet"):
         out = tmp_path / name
         proc = subprocess.run(
-            [RECIPEVAL, "parse-log", str(LOGS / "miles_ray_irregular.log"),
-             "--out", str(out)],
-            capture_output=True, text=True, check=False,
+            [RECIPEVAL, "parse-log", str(LOGS / "miles_ray_irregular.log"), "--out", str(out)],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         assert proc.returncode == 0, proc.stderr
         assert "3 rollouts" in proc.stdout and "2 malformed" in proc.stdout
         table = pd.read_csv(out) if name.endswith(".csv") else pd.read_parquet(out)
         assert list(table["rollout_id"]) == [0, 1, 2]
     bad = subprocess.run(
-        [RECIPEVAL, "parse-log", str(tmp_path / "missing.log"),
-         "--out", str(tmp_path / "x.csv")],
-        capture_output=True, text=True, check=False,
+        [RECIPEVAL, "parse-log", str(tmp_path / "missing.log"), "--out", str(tmp_path / "x.csv")],
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    assert bad.returncode == 2 and "no such log file" in bad.stderr and "Traceback" not in bad.stderr
+    assert (
+        bad.returncode == 2 and "no such log file" in bad.stderr and "Traceback" not in bad.stderr
+    )
 
 
 # --- the real trainers' formats (fixtures cite the source lines or threads they come from) --
@@ -143,7 +151,8 @@ def test_ppo_log_with_two_optimizer_steps_per_rollout_gives_one_row_per_rollout(
     assert steps["timestamp"].iloc[0] == pd.Timestamp("2026-08-05 09:08:06.500")
     # evaluations: before training (0) and every 2 rollouts, not moving a rollout's end
     assert steps.set_index("rollout_id")["eval/gsm8k"].dropna().to_dict() == pytest.approx(
-        {0: 0.3125, 1: 0.4, 3: 0.5, 5: 0.6})
+        {0: 0.3125, 1: 0.4, 3: 0.5, 5: 0.6}
+    )
 
 
 def test_ppo_log_keeps_every_optimizer_step_and_counts_every_kind():
@@ -156,8 +165,10 @@ def test_ppo_log_keeps_every_optimizer_step_and_counts_every_kind():
     assert per_step["timestamp"].iloc[1] == pd.Timestamp("2026-08-05 09:06:40")
     # miles logs each step line twice (log_utils.py and model.py): both counted, read once
     assert parsed.counts == {
-        "critic-step": {"recognised": 24, "dropped": 0}, "eval": {"recognised": 4, "dropped": 0},
-        "perf": {"recognised": 12, "dropped": 0}, "rollout": {"recognised": 6, "dropped": 0},
+        "critic-step": {"recognised": 24, "dropped": 0},
+        "eval": {"recognised": 4, "dropped": 0},
+        "perf": {"recognised": 12, "dropped": 0},
+        "rollout": {"recognised": 6, "dropped": 0},
         "step": {"recognised": 24, "dropped": 0},
     }
     assert parsed.malformed_count == 0
@@ -177,14 +188,24 @@ def test_recipe_steps_per_rollout_wins_over_inference():
 def test_step_rollouts_are_right_while_the_run_is_still_logging():
     lines = PPO_LOG.read_text().splitlines()
     parser = MilesLogParser()
-    end_of_rollout_1 = next(i for i, line in enumerate(lines) if "train_metric_utils.py:56 - perf 1:" in line)
-    updated = [parser.feed(line) for line in lines[:end_of_rollout_1 + 1]]
+    end_of_rollout_1 = next(
+        i for i, line in enumerate(lines) if "train_metric_utils.py:56 - perf 1:" in line
+    )
+    updated = [parser.feed(line) for line in lines[: end_of_rollout_1 + 1]]
     assert list(parser.table()["rollout_id"]) == [0, 1]
     assert parser.table()["train/step"].tolist() == [1.0, 3.0]
     # every step line reported the rollout it belongs to
     assert [u for u, line in zip(updated, lines) if " step " in f" {line.split(' - ')[-1]}"] == [
-        0, 0, 0, 0, 1, 1, 1, 1]
-    parser.feed_all(lines[end_of_rollout_1 + 1:])
+        0,
+        0,
+        0,
+        0,
+        1,
+        1,
+        1,
+        1,
+    ]
+    parser.feed_all(lines[end_of_rollout_1 + 1 :])
     pd.testing.assert_frame_equal(parser.table(), parse_log(PPO_LOG).steps)
 
 
@@ -234,8 +255,11 @@ def test_real_bare_slime_step_lines_from_a_public_issue():
     assert per_step.loc[28, "train/kl_loss"] == pytest.approx(0.0007035313756205142)
     # nothing says how many steps a rollout has: one each, as logged
     assert list(parsed.steps["rollout_id"]) == [1, 28]
-    assert list(parse_log(LOGS / "slime_prorl_issue_40_excerpt.log", steps_per_rollout=4)
-                .steps["rollout_id"]) == [0, 7]
+    assert list(
+        parse_log(LOGS / "slime_prorl_issue_40_excerpt.log", steps_per_rollout=4).steps[
+            "rollout_id"
+        ]
+    ) == [0, 7]
 
 
 def test_unknown_unreadable_and_unfinished_lines_are_counted_as_dropped():
@@ -250,11 +274,15 @@ def test_unknown_unreadable_and_unfinished_lines_are_counted_as_dropped():
         "perf 1: {'perf/step_time': 11.0, 'perf/x': <object at 0x1>}",  # unreadable value
         "step 2: {'train/loss': 0.2,",  # the log ends inside the dict
     ]
-    glued = f"{header}perf 2: {{'perf/a': 1.0,{header}perf 2: {{'perf/b': 2.0,"  # two cut-off records
+    glued = (
+        f"{header}perf 2: {{'perf/a': 1.0,{header}perf 2: {{'perf/b': 2.0,"  # two cut-off records
+    )
     parsed = parse_lines(lines)
     assert parsed.counts == {
-        "agent": {"recognised": 0, "dropped": 1}, "critic-perf": {"recognised": 0, "dropped": 1},
-        "perf": {"recognised": 1, "dropped": 1}, "step": {"recognised": 1, "dropped": 2},
+        "agent": {"recognised": 0, "dropped": 1},
+        "critic-perf": {"recognised": 0, "dropped": 1},
+        "perf": {"recognised": 1, "dropped": 1},
+        "step": {"recognised": 1, "dropped": 2},
     }
     assert [m.line_number for m in parsed.malformed] == [3, 7, 8]
     assert parse_lines([glued]).counts == {"perf": {"recognised": 0, "dropped": 2}}
@@ -267,8 +295,15 @@ def test_numpy2_and_torch_reprs():
         "{'a': np.True_, 'b': np.False_, 'c': tensor(0.5, device='cuda:0'), 'd': np.float64(nan),"
         " 'e': tensor(2, device='cuda:0', dtype=torch.int32), 'f': np.inf, 'g': tensor([1., 2.]),"
         " 'h': tensor(0.25, device='cuda:0', grad_fn=<MeanBackward0>)}"
-    ) == {"a": 1.0, "b": 0.0, "c": 0.5, "d": pytest.approx(math.nan, nan_ok=True), "e": 2.0,
-          "f": math.inf, "h": 0.25}
+    ) == {
+        "a": 1.0,
+        "b": 0.0,
+        "c": 0.5,
+        "d": pytest.approx(math.nan, nan_ok=True),
+        "e": 2.0,
+        "f": math.inf,
+        "h": 0.25,
+    }
 
 
 def test_inference_holds_when_generation_runs_ahead_or_the_critic_trains_alone():
@@ -281,7 +316,7 @@ def test_inference_holds_when_generation_runs_ahead_or_the_critic_trains_alone()
         ahead.append(line)
         if "log_utils.py:123 - rollout " in line:
             rollout_id = int(line.split(" - rollout ")[1].split(":")[0])
-            ahead += generation[rollout_id + 1:rollout_id + 2]
+            ahead += generation[rollout_id + 1 : rollout_id + 2]
     parsed = parse_lines(ahead)
     assert parsed.steps_per_rollout == 2
     assert list(parsed.steps["rollout_id"]) == list(range(6))
@@ -289,10 +324,14 @@ def test_inference_holds_when_generation_runs_ahead_or_the_critic_trains_alone()
 
     def actor_line_of_first_two_rollouts(line: str) -> bool:
         return "actor_cell0_rank0" in line and any(
-            f" - {what}:" in line for r in (0, 1)
-            for what in (f"rollout {r}", f"perf {r}", f"step {2 * r}", f"step {2 * r + 1}"))
+            f" - {what}:" in line
+            for r in (0, 1)
+            for what in (f"rollout {r}", f"perf {r}", f"step {2 * r}", f"step {2 * r + 1}")
+        )
 
-    critic_first = parse_lines([line for line in lines if not actor_line_of_first_two_rollouts(line)])
+    critic_first = parse_lines(
+        [line for line in lines if not actor_line_of_first_two_rollouts(line)]
+    )
     assert critic_first.steps_per_rollout == 2
     assert list(critic_first.optimizer_steps["rollout_id"]) == [i // 2 for i in range(12)]
 

@@ -20,8 +20,13 @@ def ppo_recipe(tmp_path: Path, expect: dict[str, float] | None = None) -> Path:
     """The tiny recipe, its stages sized as the run in the log: 6 rollouts of 2 steps."""
     raw = yaml.safe_load(TINY_RECIPE.read_text())
     raw["stages"]["smoke"]["args"] = {"num-rollout": 6}
-    raw["stages"]["bench"].update(args={"num-rollout": 6}, min_steps=3, max_steps=6, rel_ci=0.05,
-                                  metrics=["cycle_time", "perf/step_time"])
+    raw["stages"]["bench"].update(
+        args={"num-rollout": 6},
+        min_steps=3,
+        max_steps=6,
+        rel_ci=0.05,
+        metrics=["cycle_time", "perf/step_time"],
+    )
     if expect is not None:
         raw["expect"] = {"bench": expect}
     path = tmp_path / f"ppo-{len(list(tmp_path.glob('ppo-*.yaml')))}.yaml"
@@ -46,14 +51,27 @@ def test_smoke_counts_rollouts_not_optimizer_steps(cli, tmp_path):
 
 def test_bench_measures_the_true_cycle_time(cli, tmp_path):
     met = tmp_path / "met"
-    proc = cli("bench", str(ppo_recipe(tmp_path, expect={"cycle_time": CYCLE})), "--out", str(met),
-               "--from-log", str(PPO_LOG))
+    proc = cli(
+        "bench",
+        str(ppo_recipe(tmp_path, expect={"cycle_time": CYCLE})),
+        "--out",
+        str(met),
+        "--from-log",
+        str(PPO_LOG),
+    )
     result = json.loads((met / "bench.json").read_text())
     assert proc.returncode == 0 and result["status"] == "pass", result
     assert result["summary"]["metrics"]["cycle_time"]["estimate"] == pytest.approx(CYCLE)
     # a recipe promising half the cycle (what reading step ids as rollouts measured) fails
     half = tmp_path / "half"
-    proc = cli("bench", str(ppo_recipe(tmp_path, expect={"cycle_time": CYCLE / 2})), "--out",
-               str(half), "--from-log", str(PPO_LOG), "--exit-zero")
+    proc = cli(
+        "bench",
+        str(ppo_recipe(tmp_path, expect={"cycle_time": CYCLE / 2})),
+        "--out",
+        str(half),
+        "--from-log",
+        str(PPO_LOG),
+        "--exit-zero",
+    )
     result = json.loads((half / "bench.json").read_text())
     assert result["status"] == "fail" and "worse than expected" in result["message"], result

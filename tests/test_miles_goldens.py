@@ -35,11 +35,23 @@ needs_checkout = pytest.mark.skipif(
     reason="no miles checkout (set MILES_DIR to one); the goldens stand in for it",
 )
 DSV4_SCRIPTS = {
-    "amd-4x8-mi355x": ("scripts/amd/run_deepseek_v4.py",
-                       ["train", "--model-name", "DeepSeek-V4-Flash-FP8", "--num-nodes", "4",
-                        "--num-gpus-per-node", "8", "--skip-saving"]),
-    "nvidia-8x8-h200": ("scripts/run_deepseek_v4.py",
-                        ["train", "--num-nodes", "8", "--hardware", "H200", "--skip-saving"]),
+    "amd-4x8-mi355x": (
+        "scripts/amd/run_deepseek_v4.py",
+        [
+            "train",
+            "--model-name",
+            "DeepSeek-V4-Flash-FP8",
+            "--num-nodes",
+            "4",
+            "--num-gpus-per-node",
+            "8",
+            "--skip-saving",
+        ],
+    ),
+    "nvidia-8x8-h200": (
+        "scripts/run_deepseek_v4.py",
+        ["train", "--num-nodes", "8", "--hardware", "H200", "--skip-saving"],
+    ),
 }
 
 
@@ -56,8 +68,11 @@ def _render(cli, recipe: Path) -> dict:
 
 def test_the_miles_recipes_are_found():
     names = {p.name for p in RECIPE_FILES}
-    assert {"deepseek-v4-flash-4node-mi355x.yaml", "deepseek-v4-flash-8node-h200.yaml",
-            "deepseek-v4-flash-4node-mi355x-pr2139.yaml"} <= names
+    assert {
+        "deepseek-v4-flash-4node-mi355x.yaml",
+        "deepseek-v4-flash-8node-h200.yaml",
+        "deepseek-v4-flash-4node-mi355x-pr2139.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("recipe", RECIPE_FILES, ids=lambda p: p.stem)
@@ -75,7 +90,9 @@ def test_render_matches_the_golden_up_to_the_allowed_differences(cli, recipe):
     found = {label(d): d for d in differences_from_golden(_render(cli, recipe), _golden(recipe))}
     accepted = allowed(name)
     unexpected = [d.line() for key, d in found.items() if key not in accepted]
-    assert not unexpected, f"{recipe} renders a launch miles does not run:\n" + "\n".join(unexpected)
+    assert not unexpected, f"{recipe} renders a launch miles does not run:\n" + "\n".join(
+        unexpected
+    )
     stale = [key for key in accepted if key not in found]
     assert not stale, f"{ALLOWED_FILE}: {stale} no longer differ for {name}; remove them"
 
@@ -90,12 +107,15 @@ def test_every_allowed_difference_has_a_reason():
 def test_the_amd_recipe_describes_the_pinned_commit_and_the_variant_pr_2139(cli):
     current = _render(cli, RECIPES / "amd" / "deepseek-v4-flash-4node-mi355x.yaml")
     variant = _render(cli, RECIPES / "amd" / "deepseek-v4-flash-4node-mi355x-pr2139.yaml")
+
     def scales(launch):
         return launch["entrypoint"][launch["entrypoint"].index("--train-env-vars") + 1]
+
     assert json.loads(scales(current)) == {"NVTE_FP8_BLOCK_SCALING_FP32_SCALES": "0"}
     assert json.loads(scales(variant)) == {"NVTE_FP8_BLOCK_SCALING_FP32_SCALES": "1"}
     assert _golden(RECIPES / "amd" / "deepseek-v4-flash-4node-mi355x-pr2139.yaml").commit == (
-        "3507ce1543120ca3a418c131894998a7d0fcabf7")
+        "3507ce1543120ca3a418c131894998a7d0fcabf7"
+    )
 
 
 @pytest.mark.parametrize("golden_file", sorted(GOLDENS.glob("*.json")), ids=lambda p: p.stem)
@@ -115,8 +135,10 @@ def test_a_recipe_built_from_a_golden_renders_it(cli, tmp_path, golden_file):
 
 def _changed(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "changed.yaml"
-    path.write_text(f"extends: {RECIPES / 'nvidia' / 'deepseek-v4-flash-8node-h200.yaml'}\n"
-                    f"name: changed\n{text}")
+    path.write_text(
+        f"extends: {RECIPES / 'nvidia' / 'deepseek-v4-flash-8node-h200.yaml'}\n"
+        f"name: changed\n{text}"
+    )
     return path
 
 
@@ -127,10 +149,15 @@ def test_drift_reports_exactly_the_changed_flag(cli, tmp_path):
     assert proc.returncode == 1, proc.stderr
     [report] = json.loads(proc.stdout)
     assert report["drifted"] is True
-    assert report["upstream_commit"] == report["source_commit"] == (
-        "31f1ca961a94cb860cec3b2dea34ec332bfa8f76")
-    assert [(d["kind"], d["name"], d["change"], d["expected"], d["actual"])
-            for d in report["differences"]] == [("flag", "eps-clip-high", "changed", "0.28", "0.3")]
+    assert (
+        report["upstream_commit"]
+        == report["source_commit"]
+        == ("31f1ca961a94cb860cec3b2dea34ec332bfa8f76")
+    )
+    assert [
+        (d["kind"], d["name"], d["change"], d["expected"], d["actual"])
+        for d in report["differences"]
+    ] == [("flag", "eps-clip-high", "changed", "0.28", "0.3")]
     text = cli("drift", str(recipe), "--against", str(golden))
     assert text.returncode == 1
     assert "flag --eps-clip-high: upstream '0.28', ours '0.3'" in text.stdout
@@ -141,13 +168,17 @@ def test_drift_names_added_and_removed_entries(cli, tmp_path):
     recipe = _changed(tmp_path, "args: {colocate: null}\nenv: {EXTRA_SWITCH: '1'}\n")
     proc = cli("drift", str(recipe), "--against", str(golden), "--format", "json")
     assert proc.returncode == 1, proc.stderr
-    changes = {(d["kind"], d["name"], d["change"]) for d in json.loads(proc.stdout)[0]["differences"]}
+    changes = {
+        (d["kind"], d["name"], d["change"]) for d in json.loads(proc.stdout)[0]["differences"]
+    }
     assert changes == {("flag", "colocate", "removed"), ("env", "EXTRA_SWITCH", "added")}
 
 
 def test_no_drift_exits_zero_and_probed_values_are_not_drift(cli):
     recipe = RECIPES / "nvidia" / "deepseek-v4-flash-8node-h200.yaml"
-    proc = cli("drift", str(recipe), "--against", str(GOLDENS / "deepseek-v4-flash-8node-h200.json"))
+    proc = cli(
+        "drift", str(recipe), "--against", str(GOLDENS / "deepseek-v4-flash-8node-h200.json")
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no drift" in proc.stdout
 
@@ -157,7 +188,9 @@ def test_drift_of_several_recipes_is_one_report_each(cli, tmp_path):
     recipe = RECIPES / "nvidia" / "deepseek-v4-flash-8node-h200.yaml"
     both = cli("drift", str(recipe), str(changed), "--against", str(tmp_path))
     assert both.returncode == 2 and "single recipe" in both.stderr
-    bad = cli("drift", str(recipe), str(RECIPES / "local" / "tiny-grpo-cpu.yaml"), "--format", "json")
+    bad = cli(
+        "drift", str(recipe), str(RECIPES / "local" / "tiny-grpo-cpu.yaml"), "--format", "json"
+    )
     assert bad.returncode == 2
     assert "no miles checkout" in bad.stderr and "miles recipes only" in bad.stderr
 
@@ -168,8 +201,12 @@ def test_drift_bad_input_exits_two(cli, tmp_path):
     assert "MILES_DIR" in no_checkout.stderr and "Traceback" not in no_checkout.stderr
     reference = cli("drift", str(RECIPES / "local" / "tiny-grpo-cpu.yaml"))
     assert reference.returncode == 2 and "miles recipes only" in reference.stderr
-    not_a_checkout = cli("drift", str(RECIPES / "nvidia" / "deepseek-v4-flash-8node-h200.yaml"),
-                         "--miles", str(tmp_path))
+    not_a_checkout = cli(
+        "drift",
+        str(RECIPES / "nvidia" / "deepseek-v4-flash-8node-h200.yaml"),
+        "--miles",
+        str(tmp_path),
+    )
     assert not_a_checkout.returncode == 2 and "not a miles checkout" in not_a_checkout.stderr
 
 
@@ -192,8 +229,19 @@ def test_import_with_extends_writes_only_the_differences(cli, tmp_path):
     script, args = DSV4_SCRIPTS["nvidia-8x8-h200"]
     out = tmp_path / "h200.yaml"
     base = RECIPES / "base" / "deepseek-v4-flash.yaml"
-    proc = cli("import", "miles", script, "--miles", str(CHECKOUT), "--extends", str(base),
-               "--out", str(out), "--", *args)
+    proc = cli(
+        "import",
+        "miles",
+        script,
+        "--miles",
+        str(CHECKOUT),
+        "--extends",
+        str(base),
+        "--out",
+        str(out),
+        "--",
+        *args,
+    )
     assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
     recipe = yaml.safe_load(out.read_text())
     assert "model" not in recipe
@@ -212,13 +260,24 @@ def test_goldens_are_what_the_checkout_records(recipe):
     rec = record_at_commit(CHECKOUT, golden.commit, golden.script, golden.args, golden.repo)
     # stand_ins says which packages this python lacked: a fact about the recording machine.
     assert {**json.loads(rec.to_json()), "stand_ins": []} == {
-        **json.loads(golden.to_json()), "stand_ins": []}
+        **json.loads(golden.to_json()),
+        "stand_ins": [],
+    }
 
 
 def test_the_recorder_script_refuses_without_a_checkout(tmp_path):
     env = clean_env()
     env.pop("MILES_DIR", None)
     proc = subprocess.run(
-        [sys.executable, str(RECIPES.parent / "scripts" / "record_miles_goldens.py"),
-         "--out", str(tmp_path)], capture_output=True, text=True, env=env, check=False)
+        [
+            sys.executable,
+            str(RECIPES.parent / "scripts" / "record_miles_goldens.py"),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     assert proc.returncode == 2 and "--miles" in proc.stderr

@@ -14,7 +14,7 @@ from conftest import REPO, clean_env
 
 from recipeval.engines.miles.record import MILES_PLACEHOLDER, RecordError, Recording, record_launch
 
-COMMAND_UTILS = '''
+COMMAND_UTILS = """
 import json, os, shlex, subprocess
 import package_nobody_installed  # imported for its presence only
 from package_nobody_installed.sub import Thing
@@ -37,9 +37,9 @@ def execute_train(train_args, megatron_model_type, extra_env_vars):
         f"--runtime-env-json={{shlex.quote(json.dumps({{'env_vars': env}}))}} -- python3 {{ROOT}}/train.py "
         f"--num-layers 2 --hidden-size 64 --num-attention-heads 4 {{train_args}}"
     )
-'''
+"""
 
-SCRIPT = '''
+SCRIPT = """
 import subprocess
 import typer
 import miles.utils.external_utils.command_utils as U
@@ -60,7 +60,7 @@ def train(nodes: int = 1, lr: str = "1e-6"):
 @app.command()
 def other():
     pass
-'''
+"""
 
 
 @pytest.fixture
@@ -81,17 +81,45 @@ def test_the_script_builds_its_launch_and_nothing_starts(checkout):
     rec = record_launch(root, "scripts/run_tiny.py", ["train", "--nodes", "2"], commit="abc1234")
     assert not marker.exists()
     assert rec.entrypoint == [
-        "python3", f"{MILES_PLACEHOLDER}/train.py", "--num-layers", "2", "--hidden-size", "64",
-        "--num-attention-heads", "4", "--actor-num-nodes", "2", "--actor-num-gpus-per-node", "8",
-        "--num-gpus-per-node", "8", "--tensor-model-parallel-size", "2",
-        "--pipeline-model-parallel-size", "1", "--context-parallel-size", "1",
-        "--expert-model-parallel-size", "1", "--expert-tensor-parallel-size", "1", "--lr", "1e-6",
-        "--colocate", "--prompt-data", "/data/a b.jsonl",
+        "python3",
+        f"{MILES_PLACEHOLDER}/train.py",
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--actor-num-nodes",
+        "2",
+        "--actor-num-gpus-per-node",
+        "8",
+        "--num-gpus-per-node",
+        "8",
+        "--tensor-model-parallel-size",
+        "2",
+        "--pipeline-model-parallel-size",
+        "1",
+        "--context-parallel-size",
+        "1",
+        "--expert-model-parallel-size",
+        "1",
+        "--expert-tensor-parallel-size",
+        "1",
+        "--lr",
+        "1e-6",
+        "--colocate",
+        "--prompt-data",
+        "/data/a b.jsonl",
     ]
     assert rec.runtime_env == {
-        "PYTHONUNBUFFERED": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "no_proxy": "127.0.0.1,127.0.0.1",
-        "MASTER_ADDR": "127.0.0.1", "FAST_LINKS": "0", "MY_SWITCH": "on",
-        "PYTHONPATH": f"{MILES_PLACEHOLDER}:/opt/megatron"}
+        "PYTHONUNBUFFERED": "1",
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+        "no_proxy": "127.0.0.1,127.0.0.1",
+        "MASTER_ADDR": "127.0.0.1",
+        "FAST_LINKS": "0",
+        "MY_SWITCH": "on",
+        "PYTHONPATH": f"{MILES_PLACEHOLDER}:/opt/megatron",
+    }
     assert rec.probed == {"FAST_LINKS": f"touch {marker}; count-links"}
     assert rec.client_env == {"no_proxy": "127.0.0.1"}
     assert rec.commands == [f"touch {marker}"]
@@ -115,30 +143,53 @@ def test_import_cli_writes_a_recipe_that_renders_the_launch(cli, checkout, tmp_p
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "tiny"], check=True)
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
-                            text=True).stdout.strip()
+    commit = subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     out = tmp_path / "tiny.yaml"
     base = tmp_path / "base.yaml"
-    base.write_text("model: {name: tiny, layers: 2, hidden_size: 64, attention_heads: 4, "
-                    "max_position_embeddings: 128}\nargs: {lr: 1e-6, seed: 3}\n"
-                    "env: {OLD_SWITCH: '1'}\n")
-    proc = cli("import", "miles", str(root / "scripts" / "run_tiny.py"), "--extends", str(base),
-               "--out", str(out), "--", "train", "--nodes", "2", "--lr", "3e-6")
+    base.write_text(
+        "model: {name: tiny, layers: 2, hidden_size: 64, attention_heads: 4, "
+        "max_position_embeddings: 128}\nargs: {lr: 1e-6, seed: 3}\n"
+        "env: {OLD_SWITCH: '1'}\n"
+    )
+    proc = cli(
+        "import",
+        "miles",
+        str(root / "scripts" / "run_tiny.py"),
+        "--extends",
+        str(base),
+        "--out",
+        str(out),
+        "--",
+        "train",
+        "--nodes",
+        "2",
+        "--lr",
+        "3e-6",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr, proc.stderr
     assert not marker.exists()
     recipe = yaml.safe_load(out.read_text())
     assert recipe["extends"] == "base.yaml"
-    assert recipe["args"] == {"lr": "3e-6", "colocate": True, "prompt-data": "/data/a b.jsonl",
-                              "seed": None}
+    assert recipe["args"] == {
+        "lr": "3e-6",
+        "colocate": True,
+        "prompt-data": "/data/a b.jsonl",
+        "seed": None,
+    }
     assert recipe["cluster"] == {"nodes": 2, "gpus_per_node": 8}
     assert recipe["parallel"]["tp"] == 2
     assert recipe["model"] == {"megatron_model_type": "tiny"}  # the rest is the base's
     assert recipe["env"] == {"MY_SWITCH": "on", "OLD_SWITCH": None}  # null: removed
-    assert recipe["source"] == {"repo": "radixark/miles", "commit": commit,
-                                "script": "scripts/run_tiny.py",
-                                "args": ["train", "--nodes", "2", "--lr", "3e-6"],
-                                "probed": {"FAST_LINKS": f"touch {marker}; count-links"}}
+    assert recipe["source"] == {
+        "repo": "radixark/miles",
+        "commit": commit,
+        "script": "scripts/run_tiny.py",
+        "args": ["train", "--nodes", "2", "--lr", "3e-6"],
+        "probed": {"FAST_LINKS": f"touch {marker}; count-links"},
+    }
     drift = cli("drift", str(out), "--miles", str(root))
     assert drift.returncode == 0, drift.stdout + drift.stderr
 
@@ -156,17 +207,47 @@ def test_env_check_warns_on_drift_when_a_checkout_is_configured(cli, checkout, t
 
     root, _ = checkout
     subprocess.run(["git", "-C", str(root), "init", "-q"], check=True)
-    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t",
-                    "commit", "-qm", "tiny", "--allow-empty"], check=True)
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(root),
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "tiny",
+            "--allow-empty",
+        ],
+        check=True,
+    )
     out = tmp_path / "tiny.yaml"
     unsized = cli("import", "miles", "scripts/run_tiny.py", "--miles", str(root), "--", "train")
     assert unsized.returncode == 2 and "--extends BASE with model.max_position_embeddings" in (
-        unsized.stderr)
+        unsized.stderr
+    )
     base = tmp_path / "base.yaml"
-    base.write_text("model: {name: tiny, layers: 2, hidden_size: 64, attention_heads: 4, "
-                    "max_position_embeddings: 128}\n")
-    proc = cli("import", "miles", "scripts/run_tiny.py", "--miles", str(root), "--name", "tiny",
-               "--extends", str(base), "--out", str(out), "--", "train")
+    base.write_text(
+        "model: {name: tiny, layers: 2, hidden_size: 64, attention_heads: 4, "
+        "max_position_embeddings: 128}\n"
+    )
+    proc = cli(
+        "import",
+        "miles",
+        "scripts/run_tiny.py",
+        "--miles",
+        str(root),
+        "--name",
+        "tiny",
+        "--extends",
+        str(base),
+        "--out",
+        str(out),
+        "--",
+        "train",
+    )
     assert proc.returncode == 0, proc.stderr
     changed = tmp_path / "changed.yaml"
     changed.write_text("extends: tiny.yaml\nname: changed\nargs: {lr: 2e-6}\n")
@@ -188,31 +269,50 @@ def test_the_golden_script_records_each_recipe_at_its_source_commit(checkout, tm
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "old"], check=True)
-    old = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
-                         text=True).stdout.strip()
+    old = subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     script = root / "scripts" / "run_tiny.py"
     script.write_text(script.read_text().replace('"MY_SWITCH": "on"', '"MY_SWITCH": "off"'))
     subprocess.run([*git, "commit", "-qam", "new"], check=True)
     recipes, out = tmp_path / "recipes", tmp_path / "goldens"
     recipes.mkdir()
     for name, commit in (("at-old", old[:12]), ("at-head", "HEAD")):
-        head = subprocess.run([*git, "rev-parse", commit], check=True, capture_output=True,
-                              text=True).stdout.strip()
+        head = subprocess.run(
+            [*git, "rev-parse", commit], check=True, capture_output=True, text=True
+        ).stdout.strip()
         (recipes / f"{name}.yaml").write_text(
             f"name: {name}\nengine: miles\nplatform: cuda\n"
             "model: {name: tiny, layers: 2, hidden_size: 64, attention_heads: 4, "
             "max_position_embeddings: 128}\n"
             f"source: {{commit: '{commit if commit != 'HEAD' else head}', "
-            "script: scripts/run_tiny.py, args: [train]}\n")
+            "script: scripts/run_tiny.py, args: [train]}\n"
+        )
     (recipes / "partial.yaml").write_text("args: {lr: 1}\n")
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "record_miles_goldens.py"), "--miles", str(root),
-         "--recipes", str(recipes), "--out", str(out)],
-        capture_output=True, text=True, check=False, env=clean_env())
+        [
+            sys.executable,
+            str(REPO / "scripts" / "record_miles_goldens.py"),
+            "--miles",
+            str(root),
+            "--recipes",
+            str(recipes),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=clean_env(),
+    )
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["at-head.json", "at-old.json"]
     at_old, at_head = (Recording.load(out / f"at-{n}.json") for n in ("old", "head"))
     assert (at_old.commit, at_old.runtime_env["MY_SWITCH"]) == (old, "on")
     assert at_head.runtime_env["MY_SWITCH"] == "off" and at_head.commit != old
-    assert subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True,
-                          check=True).stdout == ""
+    assert (
+        subprocess.run(
+            [*git, "status", "--porcelain"], capture_output=True, text=True, check=True
+        ).stdout
+        == ""
+    )

@@ -12,11 +12,13 @@ from recipeval.stages.progress import Precision, StageProgress, finished_rollout
 
 def table(rows: int, trained: int) -> pd.DataFrame:
     """`rows` rollouts logged, the first `trained` of them with training metrics."""
-    return pd.DataFrame({
-        "rollout_id": range(rows),
-        "perf/rollout_time": [1.0] * rows,
-        "train/loss": [0.5] * trained + [math.nan] * (rows - trained),
-    })
+    return pd.DataFrame(
+        {
+            "rollout_id": range(rows),
+            "perf/rollout_time": [1.0] * rows,
+            "train/loss": [0.5] * trained + [math.nan] * (rows - trained),
+        }
+    )
 
 
 def test_a_rollout_counts_once_its_training_metrics_are_logged():

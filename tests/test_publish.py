@@ -39,8 +39,12 @@ def test_sglang_bump_jump_is_flagged_first_night_and_points_at_the_package(tmp_p
     assert reg.metric == "logprob_diff.train_rollout_logprob_abs_diff"
     # Only headline numbers and steady-state estimates are judged, not every summary number.
     judged = {m.metric for m in verdict.metrics}
-    assert judged == {"logprob_diff.train_rollout_logprob_abs_diff", "bench.metrics.perf/rollout_time",
-                      "bench.metrics.perf/actor_train_time", "bench.metrics.cycle_time"}
+    assert judged == {
+        "logprob_diff.train_rollout_logprob_abs_diff",
+        "bench.metrics.perf/rollout_time",
+        "bench.metrics.perf/actor_train_time",
+        "bench.metrics.cycle_time",
+    }
     assert reg.rel_change == pytest.approx(0.213 / 0.045 - 1, rel=1e-3)  # against the median
     changes = {(c.kind, c.key): (c.before, c.after) for c in verdict.changes}
     assert changes == {("package", "sglang"): ("0.5.16", "0.5.17")}
@@ -224,8 +228,19 @@ def test_bad_acknowledgement_file_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "history" / "acknowledged.json").write_text('[{"recipe": "x"}]')
     results = tmp_path / "n1"
     write_run(results, AMD_RECIPE, night(1))
-    proc = _cli("publish", str(results), "--history", str(tmp_path / "history"), "--tables", str(results / "t"),
-                "--junit", str(results / "j.xml"), "--verdict", str(results / "v.json"), "--no-plots")
+    proc = _cli(
+        "publish",
+        str(results),
+        "--history",
+        str(tmp_path / "history"),
+        "--tables",
+        str(results / "t"),
+        "--junit",
+        str(results / "j.xml"),
+        "--verdict",
+        str(results / "v.json"),
+        "--no-plots",
+    )
     assert proc.returncode == 2 and "acknowledged.json: 0.run_id: Field required" in proc.stderr
     assert "Traceback" not in proc.stderr
 

@@ -24,8 +24,9 @@ def model_and_prompts(attention: str) -> tuple[torch.nn.Module, torch.Tensor]:
     return model, prompts
 
 
-def full_forward_logprobs(model: torch.nn.Module, prompts: torch.Tensor,
-                          responses: torch.Tensor) -> torch.Tensor:
+def full_forward_logprobs(
+    model: torch.nn.Module, prompts: torch.Tensor, responses: torch.Tensor
+) -> torch.Tensor:
     with torch.no_grad():
         logits = model(input_ids=torch.cat([prompts, responses], dim=1)).logits
     logp = sampler_logprobs(logits[:, PROMPT_TOKENS - 1 : -1], 1.0)
@@ -36,8 +37,17 @@ def full_forward_logprobs(model: torch.nn.Module, prompts: torch.Tensor,
 @pytest.mark.parametrize("bucket", [1, 16, 4096])
 def test_sampled_logprobs_match_the_full_forward(attention, bucket):
     model, prompts = model_and_prompts(attention)
-    decoder = StaticCacheDecoder(model, 3, PROMPT_TOKENS, NEW, 1.0, 1.0, ignore_eos=True,
-                                 attention=attention, window_bucket=bucket)
+    decoder = StaticCacheDecoder(
+        model,
+        3,
+        PROMPT_TOKENS,
+        NEW,
+        1.0,
+        1.0,
+        ignore_eos=True,
+        attention=attention,
+        window_bucket=bucket,
+    )
     torch.manual_seed(0)
     generation = decoder.generate(prompts)
     assert generation.tokens.shape == (3, NEW)

@@ -23,7 +23,47 @@ from recipeval.engines.miles.logparse import parse_lines
 
 pytestmark = pytest.mark.reference_engine
 
-TINY = ["--group-query-attention", "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "256", "--num-attention-heads", "4", "--num-query-groups", "2", "--vocab-size", "512", "--max-position-embeddings", "128", "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "0", "--num-gpus-per-node", "0", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "16", "--eps-clip", "0.2", "--eps-clip-high", "0.28", "--lr", "3e-4", "--seed", "7", "--device", "cpu", "--warm-start-steps", "20"]
+TINY = [
+    "--group-query-attention",
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--ffn-hidden-size",
+    "256",
+    "--num-attention-heads",
+    "4",
+    "--num-query-groups",
+    "2",
+    "--vocab-size",
+    "512",
+    "--max-position-embeddings",
+    "128",
+    "--actor-num-nodes",
+    "1",
+    "--actor-num-gpus-per-node",
+    "0",
+    "--num-gpus-per-node",
+    "0",
+    "--rollout-batch-size",
+    "2",
+    "--n-samples-per-prompt",
+    "4",
+    "--rollout-max-response-len",
+    "16",
+    "--eps-clip",
+    "0.2",
+    "--eps-clip-high",
+    "0.28",
+    "--lr",
+    "3e-4",
+    "--seed",
+    "7",
+    "--device",
+    "cpu",
+    "--warm-start-steps",
+    "20",
+]
 LINE = re.compile(
     r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{3} (?P<name>[\w.]+)\] (?P<file>[\w.]+\.py):\d+"
     r" - (?P<kind>perf|rollout|step) (?P<id>\d+): (?P<body>\{.*\})$"

@@ -18,7 +18,33 @@ from recipeval.reference.warmstart import initial_state
 
 pytestmark = pytest.mark.reference_engine
 
-TINY = ["--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "256", "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2", "--vocab-size", "512", "--max-position-embeddings", "128", "--device", "cpu", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "24", "--warm-start-steps", "60"]
+TINY = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--ffn-hidden-size",
+    "256",
+    "--num-attention-heads",
+    "4",
+    "--group-query-attention",
+    "--num-query-groups",
+    "2",
+    "--vocab-size",
+    "512",
+    "--max-position-embeddings",
+    "128",
+    "--device",
+    "cpu",
+    "--rollout-batch-size",
+    "4",
+    "--n-samples-per-prompt",
+    "4",
+    "--rollout-max-response-len",
+    "24",
+    "--warm-start-steps",
+    "60",
+]
 
 
 @pytest.fixture(scope="module")

@@ -65,8 +65,10 @@ def test_heavy_tailed_quiet_recipes_rarely_regress() -> None:
     # Four metrics a recipe, Student t (3 df) noise: false alarms are per recipe, not per metric.
     flagged = 0
     for seed in range(150):
-        series = {m: _noisy(21, 100.0, 0.02, seed=1000 * seed + i, tails="t3")
-                  for i, m in enumerate((STEP, *QUIET))}
+        series = {
+            m: _noisy(21, 100.0, 0.02, seed=1000 * seed + i, tails="t3")
+            for i, m in enumerate((STEP, *QUIET))
+        }
         verdicts = judge_many({m: (v[:-1], v[-1]) for m, v in series.items()})
         flagged += any(v.kind == "regression" for v in verdicts.values())
     assert flagged <= 3
@@ -75,7 +77,9 @@ def test_heavy_tailed_quiet_recipes_rarely_regress() -> None:
 def test_false_alarms_are_controlled_per_recipe_by_holm() -> None:
     history = _noisy(20, 100.0, 0.01, seed=11)
     # The smallest jump that one metric judged alone calls a regression...
-    value = next(v for v in np.arange(100.0, 120.0, 0.1) if judge(STEP, history, v).kind == "regression")
+    value = next(
+        v for v in np.arange(100.0, 120.0, 0.1) if judge(STEP, history, v).kind == "regression"
+    )
     # ...is not one when the recipe has three more (quiet) metrics: Holm tests it at alpha / 4.
     others = {m: (_noisy(20, 50.0, 0.01, seed=20 + i), 50.0) for i, m in enumerate(QUIET)}
     together = judge_many({STEP: (history, value), **others})
@@ -103,7 +107,9 @@ def test_improvement_is_reported_with_direction() -> None:
     tokens = "bench.perf/tokens_per_gpu_per_sec"
     assert judge(tokens, history + [90.0, 90.2], 89.9).kind == "regression"
     assert judge(tokens, history + [110.0, 110.2], 109.9).kind == "improvement"
-    assert higher_is_better("bench.perf/actor_train_tflops") and not higher_is_better("bench.cycle_time")
+    assert higher_is_better("bench.perf/actor_train_tflops") and not higher_is_better(
+        "bench.cycle_time"
+    )
 
 
 def test_odd_night_inside_the_history_is_not_a_change() -> None:

@@ -90,7 +90,7 @@ def test_pr_recipe_matches_the_upstream_launch(cli):
     found = {label(d) for d in differences_from_golden(launch, golden)}
     assert found == set(allowed("deepseek-v4-flash-4node-mi355x")) == {"env NCCL_NVLS_ENABLE"}
     sep = golden.argv.index("--")
-    assert launch["argv"][:sep - 1] == golden.argv[:sep - 1]  # ray job submit --address=...
+    assert launch["argv"][: sep - 1] == golden.argv[: sep - 1]  # ray job submit --address=...
 
 
 def test_checkout_paths_come_from_the_environment(cli):
@@ -155,8 +155,15 @@ def test_shell_form_passes_every_word_literally(cli, hostile_recipe, tmp_path):
     )
     fake_ray.chmod(fake_ray.stat().st_mode | stat.S_IXUSR)
     env = clean_env(PATH=f"{bindir}:{os.environ['PATH']}", HOME=str(tmp_path))
-    run = subprocess.run(["bash", str(script)], check=False, env=env, capture_output=True,
-                         text=True, timeout=30, cwd=tmp_path)
+    run = subprocess.run(
+        ["bash", str(script)],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr
     assert json.loads(record.read_text()) == launch["argv"][1:]
     env_file = tmp_path / launch["extra"]["runtime_env_file"]

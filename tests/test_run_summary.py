@@ -14,16 +14,24 @@ from recipeval.publish.summary import verdict_lines
 def test_publish_takes_one_recipes_folder(tmp_path: Path) -> None:
     results = tmp_path / "results"
     recipe_folder = write_run(results, AMD_RECIPE, night(0)) / "deepseek-v4-flash-4node-mi355x"
-    outcome = publish([recipe_folder], PublishOutputs.under(results, tmp_path / "history"),
-                      RegressionSettings(), plots=False)
+    outcome = publish(
+        [recipe_folder],
+        PublishOutputs.under(results, tmp_path / "history"),
+        RegressionSettings(),
+        plots=False,
+    )
     assert [r.recipe for r in outcome.records] == ["deepseek-v4-flash-4node-mi355x"]
 
 
 def test_verdict_lines_name_every_stage_and_the_page(tmp_path: Path) -> None:
     results = tmp_path / "results"
     write_run(results, AMD_RECIPE, night(0), smoke_status="fail", smoke_message="loss nan")
-    publish([results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings(),
-            plots=False)
+    publish(
+        [results],
+        PublishOutputs.under(results, tmp_path / "history"),
+        RegressionSettings(),
+        plots=False,
+    )
     lines = verdict_lines(results)
     assert lines[0].startswith("deepseek-v4-flash-4node-mi355x  env_check pass   smoke fail")
     assert "logprob_diff skipped" in lines[0]

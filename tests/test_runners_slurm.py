@@ -55,7 +55,9 @@ def _batch_script(path: Path, command: list[str]) -> Path:
 
 
 def _no_process_names(text: str) -> bool:
-    return not [p for p in psutil.process_iter(["cmdline"]) if text in " ".join(p.info["cmdline"] or [])]
+    return not [
+        p for p in psutil.process_iter(["cmdline"]) if text in " ".join(p.info["cmdline"] or [])
+    ]
 
 
 @pytest.mark.slow
@@ -65,11 +67,17 @@ def test_smoke_in_sbatch_uses_the_slurm_runner_and_tears_ray_down(slurm_cluster,
     head inside the allocation sees the allocated GPUs, the tiny recipe passes, and nothing of
     the job (Ray included) is left afterwards."""
     out = tmp_path / "out"
-    script = _batch_script(tmp_path / "smoke.sh", [RECIPEVAL, "smoke", str(TINY_RECIPE), "--out", str(out)])
+    script = _batch_script(
+        tmp_path / "smoke.sh", [RECIPEVAL, "smoke", str(TINY_RECIPE), "--out", str(out)]
+    )
     submitted = time.monotonic()
     job = slurm_cluster.sbatch(
-        "--nodes=1", f"--gres=gpu:{slurm_cluster.gpu_type}:{GPUS}", "--time=20",
-        f"--output={tmp_path / 'job.out'}", str(script), cwd=tmp_path,
+        "--nodes=1",
+        f"--gres=gpu:{slurm_cluster.gpu_type}:{GPUS}",
+        "--time=20",
+        f"--output={tmp_path / 'job.out'}",
+        str(script),
+        cwd=tmp_path,
     )
     times = slurm_cluster.wait_job(job, submitted, timeout=900)
     job_log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
@@ -104,12 +112,17 @@ def test_slurm_runner_in_sbatch_runs_a_job_on_the_allocation(slurm_cluster, tmp_
     program = tmp_path / "runner.py"
     program.write_text(RUNNER_PROGRAM)
     script = _batch_script(
-        tmp_path / "runner.sh", [sys.executable, str(program), str(Path(__file__).parent), str(report)]
+        tmp_path / "runner.sh",
+        [sys.executable, str(program), str(Path(__file__).parent), str(report)],
     )
     submitted = time.monotonic()
     job = slurm_cluster.sbatch(
-        "--nodes=1", f"--gres=gpu:{slurm_cluster.gpu_type}:{GPUS}", "--time=10",
-        f"--output={tmp_path / 'job.out'}", str(script), cwd=tmp_path,
+        "--nodes=1",
+        f"--gres=gpu:{slurm_cluster.gpu_type}:{GPUS}",
+        "--time=10",
+        f"--output={tmp_path / 'job.out'}",
+        str(script),
+        cwd=tmp_path,
     )
     times = slurm_cluster.wait_job(job, submitted, timeout=600)
     job_log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
@@ -128,12 +141,19 @@ def test_a_head_that_dies_while_starting_fails_the_start_at_once(slurm_cluster, 
     """The head runs as a step of the allocation; a head step that cannot start (here: the job
     is not Slurm's) ends the start at once with its output, instead of waiting out the start
     timeout, and leaves no Ray behind."""
-    environ = {**os.environ, "SLURM_JOB_ID": "999999", "SLURM_JOB_NODELIST": slurm_cluster.node,
-               "SLURM_JOB_NUM_NODES": "1", "SLURMD_NODENAME": slurm_cluster.node,
-               "TMPDIR": str(tmp_path)}
+    environ = {
+        **os.environ,
+        "SLURM_JOB_ID": "999999",
+        "SLURM_JOB_NODELIST": slurm_cluster.node,
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURMD_NODENAME": slurm_cluster.node,
+        "TMPDIR": str(tmp_path),
+    }
     ray_dirs = set(Path(tempfile.gettempdir()).glob("rv-ray-*"))
     started = time.monotonic()
-    with pytest.raises(RunnerError, match="(?s)Ray head exited with status 1 while starting.*999999"):
+    with pytest.raises(
+        RunnerError, match="(?s)Ray head exited with status 1 while starting.*999999"
+    ):
         SlurmRunner(environ=environ)
     assert time.monotonic() - started < 60
     # The head was stopped: its Ray temp dir and its log are gone, and nothing was recorded.

@@ -68,14 +68,22 @@ def _submit(
     """sbatch a 2-node job that runs `program` once per entry of `runs` (its arguments)."""
     (tmp_path / "program.py").write_text(program)
     script = tmp_path / "job.sh"
-    script.write_text("#!/bin/bash\nset -e\n" + "".join(
-        shlex.join([sys.executable, str(tmp_path / "program.py"), str(TESTS), *args]) + "\n"
-        for args in runs))
+    script.write_text(
+        "#!/bin/bash\nset -e\n"
+        + "".join(
+            shlex.join([sys.executable, str(tmp_path / "program.py"), str(TESTS), *args]) + "\n"
+            for args in runs
+        )
+    )
     script.chmod(0o755)
     submitted = time.monotonic()
     job = cluster.sbatch(
-        "--nodes=2", f"--gres=gpu:{cluster.gpu_type}:{GPUS}", "--time=10",
-        f"--output={tmp_path / 'job.out'}", str(script), cwd=tmp_path,
+        "--nodes=2",
+        f"--gres=gpu:{cluster.gpu_type}:{GPUS}",
+        "--time=10",
+        f"--output={tmp_path / 'job.out'}",
+        str(script),
+        cwd=tmp_path,
     )
     return job, submitted
 
@@ -87,7 +95,9 @@ def _finished(cluster: SlurmCluster, job: str, submitted: float, tmp_path: Path)
     return log
 
 
-def _job_processes_on(cluster: SlurmCluster, job: str, node: str | None = None) -> list[psutil.Process]:
+def _job_processes_on(
+    cluster: SlurmCluster, job: str, node: str | None = None
+) -> list[psutil.Process]:
     """Processes of `job` of this cluster (on `node` when given), Slurm's own steps excepted."""
     wanted = {f"SLURM_JOB_ID={job}", f"SLURM_CONF={cluster.conf}"}
     if node is not None:
@@ -109,7 +119,8 @@ def _nothing_left(cluster: SlurmCluster, job: str, ray_temp_dir: str) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         left = _job_processes_on(cluster, job) + [
-            p for p in psutil.process_iter(["cmdline"])
+            p
+            for p in psutil.process_iter(["cmdline"])
             if ray_temp_dir in " ".join(p.info["cmdline"] or [])
         ]
         if not left:
@@ -119,7 +130,8 @@ def _nothing_left(cluster: SlurmCluster, job: str, ray_temp_dir: str) -> None:
 
 
 def test_two_node_allocation_one_ray_cluster_actors_on_both_nodes_reused_by_the_next_stage(
-    two_node_slurm_cluster: SlurmCluster, tmp_path: Path,  # noqa: F811
+    two_node_slurm_cluster: SlurmCluster,
+    tmp_path: Path,  # noqa: F811
 ) -> None:
     cluster = two_node_slurm_cluster
     assert cluster.nodes == ("n1", "n2")
@@ -149,7 +161,8 @@ def test_two_node_allocation_one_ray_cluster_actors_on_both_nodes_reused_by_the_
 
 
 def test_a_node_that_dies_during_the_run_fails_it_naming_the_node(
-    two_node_slurm_cluster: SlurmCluster, tmp_path: Path,  # noqa: F811
+    two_node_slurm_cluster: SlurmCluster,
+    tmp_path: Path,  # noqa: F811
 ) -> None:
     cluster = two_node_slurm_cluster
     report, seen = tmp_path / "report.json", tmp_path / "seen.txt"

@@ -62,28 +62,63 @@ def _leaks(*roots: Path, texts: tuple[str, ...] = ()) -> list[str]:
 
 # --- one notion of secret ---------------------------------------------------------------
 
-@pytest.mark.parametrize("name", [
-    "HF_TOKEN", "DB_PASS", "DB_PWD", "MY_PASSWORD", "PGPASSWORD", "PGPASSWD", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY",
-    "AWS_ACCESS_KEY_ID", "OPENAI_APIKEY", "GITHUB_PAT", "wandb-key", "hf-token", "openai-api-key",
-    "db-password", "client-secret",
-])
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "HF_TOKEN",
+        "DB_PASS",
+        "DB_PWD",
+        "MY_PASSWORD",
+        "PGPASSWORD",
+        "PGPASSWD",
+        "WANDB_API_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_ACCESS_KEY_ID",
+        "OPENAI_APIKEY",
+        "GITHUB_PAT",
+        "wandb-key",
+        "hf-token",
+        "openai-api-key",
+        "db-password",
+        "client-secret",
+    ],
+)
 def test_secret_names(name):
     assert is_secret_name(name)
 
 
-@pytest.mark.parametrize("name", [
-    "PATH", "PASSTHROUGH", "PASS_THROUGH", "PWD", "OLDPWD", "COMPASS", "KEYBOARD", "TOKENIZER",
-    "AUTHOR", "LD_LIBRARY_PATH", "SORT_KEY", "max-tokens-per-gpu", "moe-token-dispatcher-type",
-    "label-key", "input-key", "tokenizer-path",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "PATH",
+        "PASSTHROUGH",
+        "PASS_THROUGH",
+        "PWD",
+        "OLDPWD",
+        "COMPASS",
+        "KEYBOARD",
+        "TOKENIZER",
+        "AUTHOR",
+        "LD_LIBRARY_PATH",
+        "SORT_KEY",
+        "max-tokens-per-gpu",
+        "moe-token-dispatcher-type",
+        "label-key",
+        "input-key",
+        "tokenizer-path",
+    ],
+)
 def test_names_that_are_not_secrets(name):
     assert not is_secret_name(name)
 
 
 def test_secret_shapes_are_scrubbed_whatever_their_name():
     jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.c2lnbmF0dXJlX2hlcmU"
-    text = (f"load https://bob:{URL_PASS}@host/x {HF} ghp_{'c' * 36} sk-{'d' * 40} "
-            f"AKIAABCDEFGHIJKLMNOP {jwt} plain words /usr/bin:/bin")
+    text = (
+        f"load https://bob:{URL_PASS}@host/x {HF} ghp_{'c' * 36} sk-{'d' * 40} "
+        f"AKIAABCDEFGHIJKLMNOP {jwt} plain words /usr/bin:/bin"
+    )
     out = scrub(text)
     for secret in (URL_PASS, HF, "ghp_", "sk-d", "AKIA", jwt):
         assert secret not in out
@@ -91,15 +126,37 @@ def test_secret_shapes_are_scrubbed_whatever_their_name():
 
 
 def test_secret_flag_values_are_found_and_redacted():
-    argv = ["ray", "--wandb-key", FLAG_KEY, f"--hf-token={HF}", "--lr", "1e-5", "--label-key", "label"]
+    argv = [
+        "ray",
+        "--wandb-key",
+        FLAG_KEY,
+        f"--hf-token={HF}",
+        "--lr",
+        "1e-5",
+        "--label-key",
+        "label",
+    ]
     assert set(secret_values({}, argv)) == {FLAG_KEY, HF}
-    assert redact_argv(argv) == ["ray", "--wandb-key", "***", "--hf-token=***", "--lr", "1e-5",
-                                 "--label-key", "label"]
+    assert redact_argv(argv) == [
+        "ray",
+        "--wandb-key",
+        "***",
+        "--hf-token=***",
+        "--lr",
+        "1e-5",
+        "--label-key",
+        "label",
+    ]
 
 
 def test_fingerprints_keep_change_not_value():
-    facts = {"env.HF_TOKEN": HF, "args.wandb-key": FLAG_KEY, "args.lr": 1e-5,
-             "args.load": f"https://u:{URL_PASS}@h/x", "env.PATH_X": "/opt"}
+    facts = {
+        "env.HF_TOKEN": HF,
+        "args.wandb-key": FLAG_KEY,
+        "args.lr": 1e-5,
+        "args.load": f"https://u:{URL_PASS}@h/x",
+        "env.PATH_X": "/opt",
+    }
     stored = fingerprint_secrets(facts)
     assert stored["env.HF_TOKEN"] == fingerprint(HF) != fingerprint(HF_ROTATED)
     assert stored["args.lr"] == 1e-5 and stored["env.PATH_X"] == "/opt"
@@ -108,6 +165,7 @@ def test_fingerprints_keep_change_not_value():
 
 
 # --- case 1: secrets never reach a file or output of smoke + publish ----------------------
+
 
 def test_case1_smoke_and_publish_keep_no_secret(tmp_path):
     """A recipe full of secrets (env by name, URL credentials, a key flag): the engine refuses
@@ -118,13 +176,27 @@ def test_case1_smoke_and_publish_keep_no_secret(tmp_path):
     assert smoke.returncode in (1, 3), smoke.stderr
     assert "--wandb-key ***" in (out / "smoke.log").read_text()
     pub = tmp_path / "pub"
-    publish = run_cli("publish", str(tmp_path / "results"), "--tables", str(pub / "tables"),
-                      "--history", str(pub / "history"), "--junit", str(pub / "junit.xml"),
-                      "--verdict", str(pub / "regression.json"), "--no-plots", cwd=tmp_path)
+    publish = run_cli(
+        "publish",
+        str(tmp_path / "results"),
+        "--tables",
+        str(pub / "tables"),
+        "--history",
+        str(pub / "history"),
+        "--junit",
+        str(pub / "junit.xml"),
+        "--verdict",
+        str(pub / "regression.json"),
+        "--no-plots",
+        cwd=tmp_path,
+    )
     assert publish.returncode == 0, publish.stderr
     assert (pub / "history" / "history.parquet").is_file()
-    assert not _leaks(tmp_path / "results", pub, texts=(smoke.stdout, smoke.stderr, publish.stdout,
-                                                        publish.stderr))
+    assert not _leaks(
+        tmp_path / "results",
+        pub,
+        texts=(smoke.stdout, smoke.stderr, publish.stdout, publish.stderr),
+    )
 
 
 def test_case1_rotated_token_shows_as_changed_fingerprint(tmp_path):
@@ -136,8 +208,17 @@ def test_case1_rotated_token_shows_as_changed_fingerprint(tmp_path):
         folder.mkdir()
         recipes.append(_secret_recipe(folder / "sec.yaml", PR_RECIPE, token))
     pub = tmp_path / "pub"
-    outputs = ["--tables", str(pub / "tables"), "--history", str(pub / "history"), "--junit",
-               str(pub / "junit.xml"), "--verdict", str(pub / "regression.json"), "--no-plots"]
+    outputs = [
+        "--tables",
+        str(pub / "tables"),
+        "--history",
+        str(pub / "history"),
+        "--junit",
+        str(pub / "junit.xml"),
+        "--verdict",
+        str(pub / "regression.json"),
+        "--no-plots",
+    ]
     stdouts = []
     for n, recipe in enumerate(recipes):
         # the second night is slower: "what changed" is listed for a regressed run
@@ -154,12 +235,14 @@ def test_case1_rotated_token_shows_as_changed_fingerprint(tmp_path):
 
 # --- cases 2, 5, 7: hostile and clumsy recipe files ---------------------------------------
 
+
 def _base() -> str:
     return TINY_RECIPE.read_text()
 
 
-def _refused(path: Path, *command: str, line: int | None = None, within_s: float = 10,
-             at: str | None = None) -> str:
+def _refused(
+    path: Path, *command: str, line: int | None = None, within_s: float = 10, at: str | None = None
+) -> str:
     """Run the command on `path`: exit 2, no traceback, the message at `at` (default: the
     file, with `line` when given)."""
     start = time.monotonic()
@@ -180,12 +263,18 @@ def test_case2_alias_bomb_fails_fast_and_small(tmp_path):
     assert bomb.stat().st_size < 1024 + len(_base())
     for command in (("validate",), ("render",), ("env-check", "--static")):
         assert "alias" in _refused(bomb, *command)
-    program = ("import resource, sys; from recipeval.recipe import load_recipe, InvalidRecipe\n"
-               "try: load_recipe(sys.argv[1])\nexcept InvalidRecipe: pass\n"
-               "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    program = (
+        "import resource, sys; from recipeval.recipe import load_recipe, InvalidRecipe\n"
+        "try: load_recipe(sys.argv[1])\nexcept InvalidRecipe: pass\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
     probe = subprocess.run(
         [sys.executable, "-c", program, str(bomb)],
-        capture_output=True, text=True, check=True, env=clean_env(), timeout=60,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=clean_env(),
+        timeout=60,
     )
     assert int(probe.stdout) < 300_000  # KiB: the bomb stalled at 4-5 GB
 
@@ -217,9 +306,18 @@ def test_case5_big_integer_and_non_finite_numbers(tmp_path):
         "bigint": (_base().replace("seed: 1234", "seed: " + "9" * 5000), 30),
         "nodes": (_base().replace("nodes: 1,", "nodes: 1e20,"), 6),
         "hugecount": (_base().replace("layers: 2", "layers: " + "9" * 4000), 9),
-        "mrl_inf": (_base().replace("rollout-max-response-len: 16", "rollout-max-response-len: .inf"), 22),
-        "mrl_nan": (_base().replace("rollout-max-response-len: 16", "rollout-max-response-len: .nan"), 22),
-        "memfrac": (_base() + "stages: {smoke: {args: {sglang-mem-fraction-static: .inf}}}\n", None),
+        "mrl_inf": (
+            _base().replace("rollout-max-response-len: 16", "rollout-max-response-len: .inf"),
+            22,
+        ),
+        "mrl_nan": (
+            _base().replace("rollout-max-response-len: 16", "rollout-max-response-len: .nan"),
+            22,
+        ),
+        "memfrac": (
+            _base() + "stages: {smoke: {args: {sglang-mem-fraction-static: .inf}}}\n",
+            None,
+        ),
         "timeout": (_base().replace("timeout: 10m\n  logprob", "timeout: .inf\n  logprob"), 41),
         "rel_ci": (_base().replace("rel_ci: 0.10", "rel_ci: .nan"), None),
     }
@@ -268,7 +366,12 @@ def test_case7_env_names_values_and_arg_names(tmp_path):
     path = tmp_path / "env.yaml"
     path.write_text(_base() + 'env: {"A=B": "1", "BAD$(x)": "2", "A B": "3", OK: "a\\0b"}\n')
     err = _refused(path, line=60)
-    for name in ("env.A=B", "env.BAD$(x)", "env.A B", "env.OK: environment values cannot contain a NUL"):
+    for name in (
+        "env.A=B",
+        "env.BAD$(x)",
+        "env.A B",
+        "env.OK: environment values cannot contain a NUL",
+    ):
         assert name in err
     empty = tmp_path / "empty.yaml"
     empty.write_text(_base().replace("args:\n", 'args:\n  "": 1\n', 1))
@@ -288,7 +391,10 @@ def test_case7_env_check_of_a_huge_cluster_is_bounded(tmp_path):
 
 # --- case 8: recipe env is code ------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["BASH_ENV", "ENV", "LD_PRELOAD", "PYTHONSTARTUP", "PROMPT_COMMAND"])
+
+@pytest.mark.parametrize(
+    "name", ["BASH_ENV", "ENV", "LD_PRELOAD", "PYTHONSTARTUP", "PROMPT_COMMAND"]
+)
 def test_case8_exec_env_refused_unless_allowed(tmp_path, name):
     refused = tmp_path / "x.yaml"
     refused.write_text(_base() + f"env: {{{name}: /tmp/x.sh}}\n")
@@ -309,6 +415,7 @@ def test_case8_null_in_an_overlay_removes_without_opt_in(tmp_path):
 
 # --- case 9: secrets out of argv -----------------------------------------------------------
 
+
 def test_case9_runtime_env_not_in_argv_and_redact(tmp_path):
     recipe = _secret_recipe(tmp_path / "sec.yaml", PR_RECIPE)
     plain = run_cli("render", str(recipe), "--format", "json")
@@ -323,6 +430,7 @@ def test_case9_runtime_env_not_in_argv_and_redact(tmp_path):
 
 
 # --- case 3: a killed stage takes its engine down --------------------------------------------
+
 
 def _engines(stage: subprocess.Popen) -> list[psutil.Process]:
     try:
@@ -342,11 +450,26 @@ def _cmdline(proc: psutil.Process) -> list[str]:
 def test_case3_kill_9_of_smoke_leaves_no_engine(tmp_path):
     recipe = tmp_path / "slow.yaml"
     # A long smoke: the engine is still running when the stage is killed.
-    recipe.write_text(f"extends: {TINY_RECIPE}\nstages: {{smoke: {{args: {{num-rollout: 200}}}}}}\n")
+    recipe.write_text(
+        f"extends: {TINY_RECIPE}\nstages: {{smoke: {{args: {{num-rollout: 200}}}}}}\n"
+    )
     stage = subprocess.Popen(
-        [sys.executable, "-m", "recipeval", "smoke", str(recipe), "--runner", "local", "--out",
-         str(tmp_path / "out")], env=clean_env(), cwd=tmp_path, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "recipeval",
+            "smoke",
+            str(recipe),
+            "--runner",
+            "local",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        env=clean_env(),
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     engines: list[psutil.Process] = []
     try:
@@ -368,6 +491,7 @@ def test_case3_kill_9_of_smoke_leaves_no_engine(tmp_path):
 
 # --- cases 4 and 6: publish paths and concurrency --------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["../../../x", "/tmp/abs-x", "..", ".hidden", "a/b"])
 def test_case4_publish_refuses_path_names(tmp_path, name):
     result = stage_result("smoke", TINY_RECIPE, night(0))
@@ -375,8 +499,19 @@ def test_case4_publish_refuses_path_names(tmp_path, name):
     results = tmp_path / "deep" / "er" / "results"
     write_result(result, results / "x" / "smoke.json")
     history = tmp_path / "deep" / "er" / "history"
-    proc = run_cli("publish", str(results), "--history", str(history), "--tables", str(tmp_path / "t"),
-                   "--junit", str(tmp_path / "j.xml"), "--verdict", str(tmp_path / "v.json"), "--no-plots")
+    proc = run_cli(
+        "publish",
+        str(results),
+        "--history",
+        str(history),
+        "--tables",
+        str(tmp_path / "t"),
+        "--junit",
+        str(tmp_path / "j.xml"),
+        "--verdict",
+        str(tmp_path / "v.json"),
+        "--no-plots",
+    )
     assert proc.returncode == 2 and "cannot be a file name" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep"]
@@ -390,12 +525,30 @@ def test_case6_concurrent_publishes_lose_nothing(tmp_path):
     for n in range(5):
         folder = tmp_path / f"night{n}"
         write_run(folder, PR_RECIPE, night(n))
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "recipeval", "publish", str(folder), "--history", str(history),
-             "--tables", str(folder / "tables"), "--junit", str(folder / "j.xml"),
-             "--verdict", str(folder / "v.json"), "--no-plots"],
-            env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "recipeval",
+                    "publish",
+                    str(folder),
+                    "--history",
+                    str(history),
+                    "--tables",
+                    str(folder / "tables"),
+                    "--junit",
+                    str(folder / "j.xml"),
+                    "--verdict",
+                    str(folder / "v.json"),
+                    "--no-plots",
+                ],
+                env=clean_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     for proc in procs:
         _, err = proc.communicate(timeout=240)
         assert proc.returncode == 0, err
@@ -449,10 +602,18 @@ def test_case6_parquet_rebuild_keeps_runs_added_meanwhile(tmp_path):
     the others wait and the final table holds all five."""
     signals = tmp_path / "signals"
     signals.mkdir()
-    procs = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path / "h"), str(n), str(signals)],
-                              env=clean_env(), stderr=subprocess.PIPE, text=True) for n in range(5)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACE, str(tmp_path / "h"), str(n), str(signals)],
+            env=clean_env(),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(5)
+    ]
     for proc in procs:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
     assert sorted(pd.read_parquet(tmp_path / "h" / "history.parquet")["run_id"]) == [
-        f"{n:016x}" for n in range(5)]
+        f"{n:016x}" for n in range(5)
+    ]

@@ -216,11 +216,16 @@ def test_a_machine_without_slurm_skips_but_fails_under_ci(
 def test_up_and_down_are_idempotent_and_down_leaves_nothing(tmp_path: Path, nodes: int) -> None:
     # A second, private cluster (own directory and ports) so the session's cluster is untouched.
     directory = tmp_path / "cluster"
-    ports = {"RECIPEVAL_SLURM_CTLD_PORT": _free_port(),
-             "RECIPEVAL_SLURM_SLURMD_PORT": str(free_port_pair())}
+    ports = {
+        "RECIPEVAL_SLURM_CTLD_PORT": _free_port(),
+        "RECIPEVAL_SLURM_SLURMD_PORT": str(free_port_pair()),
+    }
     # The default config path stays with the session's cluster.
-    extra = {**ports, "RECIPEVAL_SLURM_DEFAULT_CONF": str(tmp_path / "default-slurm.conf"),
-             "RECIPEVAL_SLURM_NODES": str(nodes)}
+    extra = {
+        **ports,
+        "RECIPEVAL_SLURM_DEFAULT_CONF": str(tmp_path / "default-slurm.conf"),
+        "RECIPEVAL_SLURM_NODES": str(nodes),
+    }
     require_slurm_machine()
     cluster = start_cluster(directory, extra)
     try:
@@ -229,7 +234,10 @@ def test_up_and_down_are_idempotent_and_down_leaves_nothing(tmp_path: Path, node
         again = start_cluster(directory, extra)
         assert again.conf == cluster.conf
         # The second up.sh left the running cluster alone: the same slurmd, one per node.
-        assert sorted(p for p in processes_of(directory) if " slurmd " in f" {p.split()[1]} ") == slurmd
+        assert (
+            sorted(p for p in processes_of(directory) if " slurmd " in f" {p.split()[1]} ")
+            == slurmd
+        )
         assert len(slurmd) == nodes
         job_id = cluster.sbatch("--output=/dev/null", "--wrap", "sleep 600")
         deadline = time.monotonic() + 30

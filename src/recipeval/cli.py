@@ -90,11 +90,13 @@ def validate(
 def render(
     recipe: RecipeArg,
     stage: StageOpt = None,
-    variant: Annotated[
-        str | None, typer.Option(help="a logprob_diff variant overlay")
-    ] = None,
-    fmt: Annotated[RenderFormat, typer.Option("--format", help="shell script or JSON")] = RenderFormat.shell,
-    redact: Annotated[bool, typer.Option("--redact", help="show secrets (by name or shape) as ***")] = False,
+    variant: Annotated[str | None, typer.Option(help="a logprob_diff variant overlay")] = None,
+    fmt: Annotated[
+        RenderFormat, typer.Option("--format", help="shell script or JSON")
+    ] = RenderFormat.shell,
+    redact: Annotated[
+        bool, typer.Option("--redact", help="show secrets (by name or shape) as ***")
+    ] = False,
 ) -> None:
     """Print the exact launch for a recipe (no shell ever interprets a recipe value)."""
     from recipeval.engines import render as render_launch
@@ -129,8 +131,12 @@ RecipeOpt = Annotated[
     Path | None, typer.Option("--recipe", help="recipe YAML file (or positional)")
 ]
 OutOpt = Annotated[
-    Path | None, typer.Option("--out", parser=out_folder,
-                              help="results folder for this recipe [default: results/<recipe name>]")
+    Path | None,
+    typer.Option(
+        "--out",
+        parser=out_folder,
+        help="results folder for this recipe [default: results/<recipe name>]",
+    ),
 ]
 RunnerOpt = Annotated[
     str | None,
@@ -260,10 +266,15 @@ def env_check(
     ] = None,
     static: Annotated[bool, typer.Option("--static", help="no live probe of this machine")] = False,
     stage: StageOpt = None,
-    out: Annotated[Path | None, typer.Option(
-        "--out", parser=out_json_or_folder, help="FILE.json (one recipe); or a folder: DIR/env_check.json for one recipe, "
-        "DIR/<recipe-name>/env_check.json for several (each with an env_check.log beside it)",
-    )] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            parser=out_json_or_folder,
+            help="FILE.json (one recipe); or a folder: DIR/env_check.json for one recipe, "
+            "DIR/<recipe-name>/env_check.json for several (each with an env_check.log beside it)",
+        ),
+    ] = None,
     exit_zero: ExitZeroOpt = False,
     probe_only: Annotated[
         bool,
@@ -412,21 +423,43 @@ def nightly(
     raise typer.Exit(run_nightly(profile or [], cores, verdict, list(ctx.args)))
 
 
-
-import_app = typer.Typer(help="Write a recipe from an upstream launch script.", no_args_is_help=True)
+import_app = typer.Typer(
+    help="Write a recipe from an upstream launch script.", no_args_is_help=True
+)
 app.add_typer(import_app, name="import")
 
 
 @import_app.command("miles")
 def import_miles(
-    script: Annotated[str, typer.Argument(help="launch script, e.g. scripts/run_deepseek_v4.py", show_default=False)],
-    script_args: Annotated[list[str] | None, typer.Argument(help="after --: the script's own arguments", show_default=False)] = None,
-    miles: Annotated[Path | None, typer.Option("--miles", help="miles checkout (default: MILES_DIR, or the one SCRIPT is in)")] = None,
-    extends: Annotated[Path | None, typer.Option("--extends", help="write only what differs from this recipe")] = None,
-    name: Annotated[str | None, typer.Option("--name", help="recipe name (default: from --out or the script)")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="recipe file to write (default: stdout)")] = None,
-    platform: Annotated[str | None, typer.Option(help="rocm or cuda (default: rocm for a script under amd/)")] = None,
-    gpu: Annotated[str | None, typer.Option(help="cluster.gpu (default: the script's --hardware)")] = None,
+    script: Annotated[
+        str,
+        typer.Argument(help="launch script, e.g. scripts/run_deepseek_v4.py", show_default=False),
+    ],
+    script_args: Annotated[
+        list[str] | None,
+        typer.Argument(help="after --: the script's own arguments", show_default=False),
+    ] = None,
+    miles: Annotated[
+        Path | None,
+        typer.Option(
+            "--miles", help="miles checkout (default: MILES_DIR, or the one SCRIPT is in)"
+        ),
+    ] = None,
+    extends: Annotated[
+        Path | None, typer.Option("--extends", help="write only what differs from this recipe")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="recipe name (default: from --out or the script)")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="recipe file to write (default: stdout)")
+    ] = None,
+    platform: Annotated[
+        str | None, typer.Option(help="rocm or cuda (default: rocm for a script under amd/)")
+    ] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="cluster.gpu (default: the script's --hardware)")
+    ] = None,
 ) -> None:
     """Run a miles launch script's own command building (nothing starts) and write the recipe
     that renders the same launch: `recipeval import miles SCRIPT --out R.yaml -- train ...`."""
@@ -440,7 +473,9 @@ def import_miles(
     checkout = checkout or find_checkout(Path(script).resolve().parent)
     if checkout is None:
         _die(f"{script}: no miles checkout: pass --miles DIR or set MILES_DIR")
-    request = ImportRequest(checkout, script, list(script_args or []), name, platform, gpu, extends, out)
+    request = ImportRequest(
+        checkout, script, list(script_args or []), name, platform, gpu, extends, out
+    )
     try:
         result = import_recipe(request)
     except (RecordError, ImportProblem, RecipeError, InvalidRecipe) as err:
@@ -448,18 +483,34 @@ def import_miles(
     if out is None:
         print(result.text, end="")
     else:
-        print(f"wrote {out} ({result.recording.repo}@{result.recording.commit[:12]})", file=sys.stderr)
+        print(
+            f"wrote {out} ({result.recording.repo}@{result.recording.commit[:12]})", file=sys.stderr
+        )
     for difference in result.differences:
-        print(f"recipeval: warning: the recipe does not render the recorded launch: {difference.line()}",
-              file=sys.stderr)
+        print(
+            f"recipeval: warning: the recipe does not render the recorded launch: {difference.line()}",
+            file=sys.stderr,
+        )
 
 
 @app.command()
 def drift(
     recipes: Annotated[list[Path], typer.Argument(help="miles recipe files", show_default=False)],
-    miles: Annotated[Path | None, typer.Option("--miles", help="miles checkout (default: MILES_DIR, else paths.miles)")] = None,
-    against: Annotated[Path | None, typer.Option("--against", help="one recipe: compare with this recorded launch (JSON) instead of re-recording")] = None,
-    fmt: Annotated[RenderFormat, typer.Option("--format", help="text (shell) or JSON (a list, one report per recipe)")] = RenderFormat.shell,
+    miles: Annotated[
+        Path | None,
+        typer.Option("--miles", help="miles checkout (default: MILES_DIR, else paths.miles)"),
+    ] = None,
+    against: Annotated[
+        Path | None,
+        typer.Option(
+            "--against",
+            help="one recipe: compare with this recorded launch (JSON) instead of re-recording",
+        ),
+    ] = None,
+    fmt: Annotated[
+        RenderFormat,
+        typer.Option("--format", help="text (shell) or JSON (a list, one report per recipe)"),
+    ] = RenderFormat.shell,
 ) -> None:
     """Re-record each recipe's `source` launch from a miles checkout and list each flag and env
     var its render lacks, adds or changes: exit 0 none, 1 drift, 2 bad input."""
@@ -487,6 +538,103 @@ def drift(
     if bad:
         raise typer.Exit(EXIT_BAD_INPUT)
     raise typer.Exit(EXIT_FAIL if any(r.drifted for r in reports) else EXIT_OK)
+
+
+@app.command()
+def layouts(
+    recipe: RecipeArg,
+    gpus: Annotated[int | None, typer.Option(help="GPUs in all [default: the recipe's]")] = None,
+    nodes: Annotated[
+        int | None, typer.Option(help="nodes [default: GPUs / the recipe's GPUs per node]")
+    ] = None,
+    top: Annotated[int | None, typer.Option(help="show (and emit) the best K only")] = None,
+    emit: Annotated[
+        Path | None, typer.Option(help="write one recipe per layout into this folder")
+    ] = None,
+    history: Annotated[
+        Path, typer.Option(help="run history to calibrate the cost model on")
+    ] = Path("results/history"),
+) -> None:
+    """Every parallel layout megatron-core and the rollout engine accept that fits memory,
+    ranked by a stated cost model (calibrated on measured runs in the history). For an engine
+    whose layout is fixed, its speed knobs instead (ranked by measured time once run)."""
+    from recipeval.engines import engine_for
+    from recipeval.explore.emit import EmitError
+    from recipeval.explore.layouts import (
+        LayoutError,
+        current_layout,
+        emit_knobs,
+        emit_layouts,
+        explore,
+        measurements,
+        table_lines,
+    )
+
+    loaded = load_or_exit(recipe)
+    if top is not None and top < 1:
+        _die(f"--top {top}: give a positive count")
+    engine = engine_for(loaded.recipe.engine)
+    try:
+        if engine.speed_knobs:
+            if emit is None:
+                _die(
+                    f"{recipe}: the {engine.name} engine's layout is fixed; --emit DIR writes its "
+                    f"speed-knob variants ({', '.join(engine.speed_knobs)})"
+                )
+            written = emit_knobs(loaded, engine.speed_knobs, emit, top)
+        else:
+            from recipeval.publish import history as run_history
+
+            runs = run_history.load(history) if history.is_dir() else []
+            found = explore(
+                loaded, gpus or loaded.recipe.world_size, nodes, measurements(runs, loaded.recipe)
+            )
+            print("\n".join(table_lines(found, current_layout(loaded.recipe), top)))
+            if emit is None:
+                return
+            written = emit_layouts(found, loaded, emit, top)
+    except (LayoutError, EmitError) as err:
+        _die(str(err))
+    print(
+        f"wrote {len(written)} recipe(s) to {emit}; run them with "
+        f"snakemake --config 'recipes={{sweeps: [{emit}]}}'"
+    )
+
+
+@app.command()
+def ablate(
+    before: Annotated[
+        Path, typer.Argument(help="the recipe before the change", show_default=False)
+    ],
+    after: Annotated[Path, typer.Argument(help="the recipe after it", show_default=False)],
+    group: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY,KEY: keep these keys (or key prefixes) in one variant; repeatable"),
+    ] = None,
+    emit: Annotated[
+        Path | None, typer.Option(help="write the variants as recipes into this folder")
+    ] = None,
+) -> None:
+    """One variant of BEFORE per changed key (or group); keys env_check binds stay together,
+    with the check that binds them. --emit writes them for the workflow (recipes.sweeps)."""
+    from recipeval.explore.ablate import AblationError, plan, plan_lines, static_judge
+    from recipeval.explore.ablate import emit as emit_variants
+    from recipeval.explore.emit import EmitError
+
+    loaded_before, loaded_after = load_or_exit(before), load_or_exit(after)
+    together = [[k.strip() for k in g.split(",") if k.strip()] for g in group or []]
+    try:
+        ablation = plan(loaded_before, loaded_after, static_judge(), together)
+        print("\n".join(plan_lines(ablation)))
+        if emit is not None:
+            written = emit_variants(ablation, emit)
+            print(
+                f"wrote {len(written)} recipe(s) to {emit}; run them with "
+                f"snakemake --config 'recipes={{sweeps: [{emit}]}}'"
+            )
+    except (AblationError, EmitError) as err:
+        _die(str(err))
+
 
 def main() -> None:
     try:

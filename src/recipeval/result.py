@@ -19,7 +19,15 @@ from recipeval.secrets import scrub, secret_values
 Status = Literal["pass", "fail", "error", "skipped"]
 Severity = Literal["error", "warning", "info"]
 
-TRACKED_PACKAGES = ("recipeval", "torch", "transformers", "megatron-core", "sglang", "ray", "snakemake")
+TRACKED_PACKAGES = (
+    "recipeval",
+    "torch",
+    "transformers",
+    "megatron-core",
+    "sglang",
+    "ray",
+    "snakemake",
+)
 
 
 class Check(BaseModel):

@@ -135,9 +135,16 @@ def redact_argv(argv: list[str]) -> list[str]:
 def redact_data(data: Any, name: str = "") -> Any:
     """A JSON-like structure with every secret (by key name or value shape) replaced by ***."""
     if isinstance(data, dict):
-        return {k: (REDACTED if is_secret_name(str(k)) and not isinstance(v, dict | list)
-                    and v not in (None, False, True) else redact_data(v, str(k)))
-                for k, v in data.items()}
+        return {
+            k: (
+                REDACTED
+                if is_secret_name(str(k))
+                and not isinstance(v, dict | list)
+                and v not in (None, False, True)
+                else redact_data(v, str(k))
+            )
+            for k, v in data.items()
+        }
     if isinstance(data, list):
         if name == "argv" or name == "entrypoint":
             return redact_argv([str(w) for w in data])
@@ -155,7 +162,10 @@ def fingerprint(value: Any) -> str:
 
 
 def is_fingerprint(value: Any) -> bool:
-    return isinstance(value, str) and re.fullmatch(rf"{FINGERPRINT_PREFIX}[0-9a-f]{{12}}", value) is not None
+    return (
+        isinstance(value, str)
+        and re.fullmatch(rf"{FINGERPRINT_PREFIX}[0-9a-f]{{12}}", value) is not None
+    )
 
 
 def fingerprint_secrets(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -36,14 +36,20 @@ class Effect:
         return (self.high - self.low) / 2
 
     def to_dict(self) -> dict[str, float | bool]:
-        return {"effect": self.estimate, "low": self.low, "high": self.high,
-                "distinguishable": self.distinguishable}
+        return {
+            "effect": self.estimate,
+            "low": self.low,
+            "high": self.high,
+            "distinguishable": self.distinguishable,
+        }
 
 
 NO_EFFECT = Effect(math.nan, math.nan, math.nan)
 
 
-def sample_effect(variant: Sequence[float] | np.ndarray, reference: Sequence[float] | np.ndarray) -> Effect:
+def sample_effect(
+    variant: Sequence[float] | np.ndarray, reference: Sequence[float] | np.ndarray
+) -> Effect:
     """mean(variant) - mean(reference) with Welch's 95 % interval; NaN with fewer than two
     finite values on a side."""
     a = np.asarray(variant, dtype=float)
@@ -58,15 +64,21 @@ def sample_effect(variant: Sequence[float] | np.ndarray, reference: Sequence[flo
     return Effect(diff, float(ci.low), float(ci.high))
 
 
-def estimate_effect(variant: float, variant_interval: tuple[float, float] | None,
-                    reference: float, reference_interval: tuple[float, float] | None) -> Effect:
+def estimate_effect(
+    variant: float,
+    variant_interval: tuple[float, float] | None,
+    reference: float,
+    reference_interval: tuple[float, float] | None,
+) -> Effect:
     """variant - reference for two estimates with 95 % intervals (independent runs); an
     estimate without an interval gives an effect without one."""
     diff = variant - reference
     if variant_interval is None or reference_interval is None or not math.isfinite(diff):
         return Effect(diff, math.nan, math.nan)
-    half = math.hypot((variant_interval[1] - variant_interval[0]) / 2,
-                      (reference_interval[1] - reference_interval[0]) / 2)
+    half = math.hypot(
+        (variant_interval[1] - variant_interval[0]) / 2,
+        (reference_interval[1] - reference_interval[0]) / 2,
+    )
     return Effect(diff, diff - half, diff + half)
 
 

@@ -53,7 +53,9 @@ _LOGPROB = re.compile(r"(logprob|_kl\b|kl$)", re.IGNORECASE)
 
 # Metric names where a larger value is better; everything else (times, logprob differences,
 # KL, errors) is better when smaller.
-_HIGHER_IS_BETTER = re.compile(r"(per_sec|per_s\b|tok_per_s|tokens_per|tflops|throughput|mfu)", re.IGNORECASE)
+_HIGHER_IS_BETTER = re.compile(
+    r"(per_sec|per_s\b|tok_per_s|tokens_per|tflops|throughput|mfu)", re.IGNORECASE
+)
 
 MAD_TO_SIGMA = 1.4826
 SCALE_WINSOR = 2.5  # residuals beyond this many MAD-sd are clipped for the noise scale
@@ -69,9 +71,11 @@ TAIL_DF = 3
 # share of the level, so rounding alone is never a change.
 MIN_REL_SIGMA = 1e-4
 # E[min(Z^2, c^2)] for standard normal Z: rescales the winsorised variance to the normal one.
-_WINSOR_VAR = float((2 * special.ndtr(SCALE_WINSOR) - 1)
-                    - 2 * SCALE_WINSOR * stats.norm.pdf(SCALE_WINSOR)
-                    + 2 * SCALE_WINSOR**2 * special.ndtr(-SCALE_WINSOR))
+_WINSOR_VAR = float(
+    (2 * special.ndtr(SCALE_WINSOR) - 1)
+    - 2 * SCALE_WINSOR * stats.norm.pdf(SCALE_WINSOR)
+    + 2 * SCALE_WINSOR**2 * special.ndtr(-SCALE_WINSOR)
+)
 # Median absolute value of Student t(TAIL_DF), to put the heavy-tailed reference on the MAD scale.
 _TAIL_MAD = float(stats.t.ppf(0.75, TAIL_DF))
 _NORMAL_MAD = float(stats.norm.ppf(0.75))
@@ -163,8 +167,9 @@ def _all_split_z(seg: np.ndarray, sigma: float) -> np.ndarray:
     for mask in (left_mask, ~left_mask):
         side = np.where(mask, seg[None, :], np.nan)
         med = np.nanmedian(side, axis=1, keepdims=True)
-        means.append(np.nanmean(np.clip(side, med - SIDE_WINSOR * sigma, med + SIDE_WINSOR * sigma),
-                                axis=1))
+        means.append(
+            np.nanmean(np.clip(side, med - SIDE_WINSOR * sigma, med + SIDE_WINSOR * sigma), axis=1)
+        )
     return (means[1] - means[0]) / (sigma * np.sqrt(1 / k + 1 / (n - k)))
 
 
@@ -176,8 +181,9 @@ def _two_sided_p(z: np.ndarray, smaller_side: np.ndarray, df: float) -> np.ndarr
     return np.where(smaller_side <= SMALL_SIDE, heavy, light)
 
 
-def _best_split(x: np.ndarray, a: int, b: int, n: int, sigma: float, df: float,
-                min_segment: int) -> tuple[int, float]:
+def _best_split(
+    x: np.ndarray, a: int, b: int, n: int, sigma: float, df: float, min_segment: int
+) -> tuple[int, float]:
     """Most significant split of x[a:b] and its multiplicity-adjusted p-value (weighted
     Bonferroni with the NEW_SHARES of alpha). (0, 1.0) when none can be formed."""
     newest = list(range(max(a + min_segment, b - len(NEW_SHARES)), b)) if b == n else []
@@ -196,15 +202,20 @@ def _best_split(x: np.ndarray, a: int, b: int, n: int, sigma: float, df: float,
     return int(ks[best]), float(p[best])
 
 
-def change_points(values: Sequence[float], settings: RegressionSettings = RegressionSettings(),
-                  alpha: float | None = None) -> list[int]:
+def change_points(
+    values: Sequence[float],
+    settings: RegressionSettings = RegressionSettings(),
+    alpha: float | None = None,
+) -> list[int]:
     """Indices where a new level starts (binary segmentation; see the module docstring)."""
-    return _segmentation(np.asarray(values, dtype=float), settings,
-                         settings.alpha if alpha is None else alpha)[0]
+    return _segmentation(
+        np.asarray(values, dtype=float), settings, settings.alpha if alpha is None else alpha
+    )[0]
 
 
-def _segmentation(x: np.ndarray, settings: RegressionSettings,
-                  alpha: float) -> tuple[list[int], float, float]:
+def _segmentation(
+    x: np.ndarray, settings: RegressionSettings, alpha: float
+) -> tuple[list[int], float, float]:
     """(change points, the first split's adjusted p-value, noise sd)."""
     n = len(x)
     sigma = noise_scale(x)
@@ -284,11 +295,31 @@ def judge_many(
         hist = _clean(history)
         better_up = higher_is_better(metric)
         if not math.isfinite(value):
-            out[metric] = MetricVerdict(metric, "regression", value, None, len(hist), 0, None, None,
-                                        better_up, "value is not finite")
+            out[metric] = MetricVerdict(
+                metric,
+                "regression",
+                value,
+                None,
+                len(hist),
+                0,
+                None,
+                None,
+                better_up,
+                "value is not finite",
+            )
         elif len(hist) == 0:
-            out[metric] = MetricVerdict(metric, "no_history", value, None, 0, 0, None, None,
-                                        better_up, "first run of this metric")
+            out[metric] = MetricVerdict(
+                metric,
+                "no_history",
+                value,
+                None,
+                0,
+                0,
+                None,
+                None,
+                better_up,
+                "first run of this metric",
+            )
         elif len(hist) < settings.min_history:
             out[metric] = _short_history(metric, hist, value, settings)
         else:
@@ -306,8 +337,9 @@ def judge_many(
     return {m: out[m] for m in series}
 
 
-def _short_history(metric: str, hist: np.ndarray, value: float,
-                   settings: RegressionSettings) -> MetricVerdict:
+def _short_history(
+    metric: str, hist: np.ndarray, value: float, settings: RegressionSettings
+) -> MetricVerdict:
     mean = float(hist.mean())
     rel = _rel(value, mean)
     band = max(settings.min_change, settings.short_history_band)
@@ -318,8 +350,19 @@ def _short_history(metric: str, hist: np.ndarray, value: float,
     kind: Kind = "unchanged"
     if changed:
         kind = "regression" if (rel < 0 if better_up else rel > 0) else "improvement"
-    return MetricVerdict(metric, kind, float(value), mean, len(hist), 0, rel, None, better_up,
-                         reason, len(hist) if changed else None)
+    return MetricVerdict(
+        metric,
+        kind,
+        float(value),
+        mean,
+        len(hist),
+        0,
+        rel,
+        None,
+        better_up,
+        reason,
+        len(hist) if changed else None,
+    )
 
 
 def _apply_floor(metric: str, changed: bool, delta: float, reason: str) -> tuple[bool, str]:
@@ -334,26 +377,36 @@ def _verdict(cand: _Candidate, settings: RegressionSettings, level: float) -> Me
     metric, value = cand.metric, cand.value
     better_up = higher_is_better(metric)
     x = np.append(cand.history, value)
-    points, _, sigma = _segmentation(x, settings, level) if level > 0 else ([], 1.0, noise_scale(x, []))
+    points, _, sigma = (
+        _segmentation(x, settings, level) if level > 0 else ([], 1.0, noise_scale(x, []))
+    )
     first, last = (points[0], points[-1]) if points else (len(x), 0)
     base, current = x[:first], x[last:]
     baseline = float(np.median(base))
     if not points:
         rel = _rel(value, baseline)
-        reason = (f"{rel:+.1%} vs {baseline:.4g} (median of {len(base)} runs, noise sd {sigma:.3g}); "
-                  f"no change point at alpha {settings.alpha:g} per recipe and night")
-        return MetricVerdict(metric, "unchanged", value, baseline, len(base), 0, rel, cand.p_any,
-                             better_up, reason)
+        reason = (
+            f"{rel:+.1%} vs {baseline:.4g} (median of {len(base)} runs, noise sd {sigma:.3g}); "
+            f"no change point at alpha {settings.alpha:g} per recipe and night"
+        )
+        return MetricVerdict(
+            metric, "unchanged", value, baseline, len(base), 0, rel, cand.p_any, better_up, reason
+        )
     level_now = float(np.median(current))
     rel = _rel(level_now, baseline)
     df = max(1.0, 0.9 * (len(x) - len(points) - 1))
-    p_net = float(_two_sided_p(np.array([_split_z(base, current, sigma)]),
-                               np.array([min(len(base), len(current))]), df)[0])
+    p_net = float(
+        _two_sided_p(
+            np.array([_split_z(base, current, sigma)]), np.array([min(len(base), len(current))]), df
+        )[0]
+    )
     changed = p_net < settings.alpha
     nights = len(x) - first
-    reason = (f"{rel:+.1%}: level {level_now:.4g} over the last {len(current)} night(s) against "
-              f"{baseline:.4g} before the change point {nights} night(s) ago (noise sd "
-              f"{sigma:.3g}, p={p_net:.2g}, {len(points)} change point(s))")
+    reason = (
+        f"{rel:+.1%}: level {level_now:.4g} over the last {len(current)} night(s) against "
+        f"{baseline:.4g} before the change point {nights} night(s) ago (noise sd "
+        f"{sigma:.3g}, p={p_net:.2g}, {len(points)} change point(s))"
+    )
     changed, reason = _apply_floor(metric, changed, level_now - baseline, reason)
     small = changed and abs(rel) < settings.min_change
     if small:
@@ -363,5 +416,17 @@ def _verdict(cand: _Candidate, settings: RegressionSettings, level: float) -> Me
     kind: Kind = "unchanged"
     if changed:
         kind = "regression" if (rel < 0 if better_up else rel > 0) else "improvement"
-    return MetricVerdict(metric, kind, value, baseline, len(base), 0, rel, p_net, better_up, reason,
-                         first if changed else None, small)
+    return MetricVerdict(
+        metric,
+        kind,
+        value,
+        baseline,
+        len(base),
+        0,
+        rel,
+        p_net,
+        better_up,
+        reason,
+        first if changed else None,
+        small,
+    )

@@ -152,8 +152,12 @@ def detect_warmup(values: Sequence[float] | np.ndarray, z: float = WARMUP_Z) -> 
     return warmup
 
 
-def odd_steps(values: Sequence[float] | np.ndarray, alpha: float = ODD_STEP_ALPHA,
-              max_share: float = TRIM, recur_window: int = RECUR_WINDOW) -> np.ndarray:
+def odd_steps(
+    values: Sequence[float] | np.ndarray,
+    alpha: float = ODD_STEP_ALPHA,
+    max_share: float = TRIM,
+    recur_window: int = RECUR_WINDOW,
+) -> np.ndarray:
     """Mask of the odd steps of a steady series (see the module docstring): repeatedly, the
     most extreme step is odd when its externally studentised residual has a two-sided p-value
     below `alpha` and at least `recur_window` steps have followed it; at most
@@ -172,11 +176,14 @@ def recurring(values: Sequence[float] | np.ndarray, z: float = WARMUP_Z) -> bool
         return False
     level, spread = _level_and_spread(x)
     far = (x - level) / spread
-    return any(int(n) >= 2 and n >= RECUR_SHARE * len(x) for n in ((far > z).sum(), (far < -z).sum()))
+    return any(
+        int(n) >= 2 and n >= RECUR_SHARE * len(x) for n in ((far > z).sum(), (far < -z).sum())
+    )
 
 
-def _odd_mask(values: Sequence[float] | np.ndarray, alpha: float, max_share: float,
-              recur_window: int) -> np.ndarray:
+def _odd_mask(
+    values: Sequence[float] | np.ndarray, alpha: float, max_share: float, recur_window: int
+) -> np.ndarray:
     x = np.asarray(values, dtype=float).ravel()
     odd = ~np.isfinite(x)
     steps_after = int((~odd).sum()) - np.cumsum(~odd)
@@ -272,8 +279,9 @@ def lag1_autocorrelation(values: Sequence[float] | np.ndarray) -> float:
     return min(max(r, 0.0), MAX_AUTOCORR)
 
 
-def correlated_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95,
-                        trim: float = TRIM) -> Interval:
+def correlated_interval(
+    values: Sequence[float] | np.ndarray, confidence: float = 0.95, trim: float = TRIM
+) -> Interval:
     """trimmed_mean_interval with a variance that stays honest when steps are correlated (a
     slow node or a shared file system stays slow for a few steps): the spectral variance at
     frequency zero of an AR(1) fitted to the (winsorised) steps, i.e. the variance times
@@ -297,8 +305,9 @@ def correlated_interval(values: Sequence[float] | np.ndarray, confidence: float 
     return Interval(base.estimate, base.estimate - half, base.estimate + half, n, confidence)
 
 
-def trend(values: Sequence[float] | np.ndarray,
-          positions: Sequence[int] | np.ndarray | None = None) -> tuple[float, float]:
+def trend(
+    values: Sequence[float] | np.ndarray, positions: Sequence[int] | np.ndarray | None = None
+) -> tuple[float, float]:
     """Least-squares slope of the steps against their positions, relative to their mean (per
     step), and its two-sided p-value, with the slope's variance widened for correlated steps as
     in correlated_interval (from the residuals' autocorrelation, so the trend itself is not
@@ -357,10 +366,19 @@ class SteadyEstimate:
     def to_dict(self) -> dict[str, float | int | str]:
         iv = self.interval
         return {
-            "metric": self.metric, "estimate": iv.estimate, "low": iv.low, "high": iv.high,
-            "rel_width": iv.rel_width, "confidence": iv.confidence, "steps": self.steps,
-            "warmup": self.warmup, "odd": len(self.odd), "used": iv.n,
-            "trend_per_step": self.trend, "trend_p": self.trend_p, "recurring": self.recurring,
+            "metric": self.metric,
+            "estimate": iv.estimate,
+            "low": iv.low,
+            "high": iv.high,
+            "rel_width": iv.rel_width,
+            "confidence": iv.confidence,
+            "steps": self.steps,
+            "warmup": self.warmup,
+            "odd": len(self.odd),
+            "used": iv.n,
+            "trend_per_step": self.trend,
+            "trend_p": self.trend_p,
+            "recurring": self.recurring,
             "not_steady": self.not_steady,
         }
 
@@ -376,8 +394,9 @@ def steady_state(
     return _estimate(_finite(values), metric, confidence, z, min_steady=0)
 
 
-def _estimate(x: np.ndarray, metric: str, confidence: float, z: float,
-              min_steady: int) -> SteadyEstimate:
+def _estimate(
+    x: np.ndarray, metric: str, confidence: float, z: float, min_steady: int
+) -> SteadyEstimate:
     """steady_state over finite values; with fewer than `min_steady` steady values the interval
     is left unformed (NaN), which keeps the stopping rule cheap on its early calls."""
     warmup = detect_warmup(x, z)
@@ -390,8 +409,16 @@ def _estimate(x: np.ndarray, metric: str, confidence: float, z: float,
     kept = steady[~odd]
     interval = correlated_interval(kept, confidence, trim=0.0 if recurs else TRIM)
     slope, p = trend(kept, np.flatnonzero(~odd))
-    return SteadyEstimate(metric, len(x), warmup, interval,
-                          tuple(int(i) + warmup for i in np.flatnonzero(odd)), slope, p, recurs)
+    return SteadyEstimate(
+        metric,
+        len(x),
+        warmup,
+        interval,
+        tuple(int(i) + warmup for i in np.flatnonzero(odd)),
+        slope,
+        p,
+        recurs,
+    )
 
 
 @dataclass(frozen=True)
@@ -433,13 +460,10 @@ class StopDecision:
 
 def is_precise(est: SteadyEstimate, rule: StoppingRule) -> bool:
     """Enough steady steps, an interval narrow enough, and no trend."""
-    return (est.used >= rule.min_steps and est.interval.rel_width <= rule.rel_ci
-            and not est.trending)
+    return est.used >= rule.min_steps and est.interval.rel_width <= rule.rel_ci and not est.trending
 
 
-def decide(
-    series: Mapping[str, Sequence[float] | np.ndarray], rule: StoppingRule
-) -> StopDecision:
+def decide(series: Mapping[str, Sequence[float] | np.ndarray], rule: StoppingRule) -> StopDecision:
     """Apply the stopping rule to the series observed so far (metric -> values, step order).
 
     Cheap enough to call after every step: intervals are only formed once a metric has
@@ -450,8 +474,13 @@ def decide(
     estimates: dict[str, SteadyEstimate] = {}
     all_precise = bool(series)
     for metric, values in series.items():
-        est = _estimate(_finite(values), metric, rule.confidence, WARMUP_Z,
-                        min_steady=0 if final else rule.min_steps)
+        est = _estimate(
+            _finite(values),
+            metric,
+            rule.confidence,
+            WARMUP_Z,
+            min_steady=0 if final else rule.min_steps,
+        )
         estimates[metric] = est
         all_precise = all_precise and is_precise(est, rule)
     if all_precise:

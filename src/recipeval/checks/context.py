@@ -124,7 +124,8 @@ def batch_checks(subject: Subject) -> list[Check]:
             subject.check(
                 "batch.global-batch",
                 given > 0 and per_rollout % given == 0,
-                f"{what} in global batches of {given}" if given > 0
+                f"{what} in global batches of {given}"
+                if given > 0
                 else f"global-batch-size {given}: a batch holds at least one sample",
                 key=subject.arg_key("global-batch-size"),
                 value=per_rollout,
@@ -146,7 +147,11 @@ def rollout_engine_checks(subject: Subject) -> list[Check]:
     fits = engine > 0 and world % engine == 0
     whole = engine <= per_node and per_node % engine == 0 or engine % per_node == 0
     ok = fits and whole
-    why = (f"{world // engine} engine(s) of {engine} GPUs on {r.cluster.nodes} x {per_node} GPUs"
-           if ok else f"engines of {engine} GPUs do not tile {r.cluster.nodes} nodes x {per_node} GPUs"
-           + ("" if fits else f" ({world} GPUs)") + ("" if whole else ": an engine would straddle a node"))
+    why = (
+        f"{world // engine} engine(s) of {engine} GPUs on {r.cluster.nodes} x {per_node} GPUs"
+        if ok
+        else f"engines of {engine} GPUs do not tile {r.cluster.nodes} nodes x {per_node} GPUs"
+        + ("" if fits else f" ({world} GPUs)")
+        + ("" if whole else ": an engine would straddle a node")
+    )
     return [subject.check("rollout.engine-tiling", ok, why, key=key, value=engine, threshold=world)]

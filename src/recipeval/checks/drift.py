@@ -26,8 +26,18 @@ def drift_check(resolved: Resolved, environ: Mapping[str, str] | None = None) ->
     try:
         report = drift(resolved, checkout)
     except RecordError as err:
-        return Check(id="miles.drift", ok=False, severity="warning", key="source",
-                     message=f"could not re-record the upstream launch: {err}")
-    return Check(id="miles.drift", ok=not report.drifted, severity="warning", key="source",
-                 message="\n".join(report.lines()),
-                 value=[asdict(d) for d in report.differences])
+        return Check(
+            id="miles.drift",
+            ok=False,
+            severity="warning",
+            key="source",
+            message=f"could not re-record the upstream launch: {err}",
+        )
+    return Check(
+        id="miles.drift",
+        ok=not report.drifted,
+        severity="warning",
+        key="source",
+        message="\n".join(report.lines()),
+        value=[asdict(d) for d in report.differences],
+    )

@@ -11,10 +11,12 @@ from recipeval.result import Check
 def exec_env_checks(subject: Subject) -> list[Check]:
     return [
         subject.check(
-            "env.exec_allowed", False,
+            "env.exec_allowed",
+            False,
             f"{name} runs code chosen by its value in the engine's shells or processes "
             "(allowed by allow_exec_env)",
-            key=key, severity="warning",
+            key=key,
+            severity="warning",
         )
         for key, name in exec_env_keys(subject.recipe)
     ]

@@ -375,9 +375,12 @@ def _parallel_state_check(subject: Subject, megatron: Megatron) -> Check:
     label = f"megatron-core {megatron.version} initialize_model_parallel (world size {world})"
     if world > MAX_SIMULATED_WORLD:
         return subject.check(
-            "megatron.parallel-state", False,
+            "megatron.parallel-state",
+            False,
             f"{label} not simulated: above {MAX_SIMULATED_WORLD} ranks; the layout arithmetic "
-            "checks still apply", key="cluster.nodes", severity="info",
+            "checks still apply",
+            key="cluster.nodes",
+            severity="info",
         )
     try:
         error, groups = parallel_state_verdict(megatron, world, p.tp, p.pp, p.cp, p.ep, p.etp)

@@ -5,7 +5,7 @@ an engine's name."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -57,6 +57,9 @@ class Engine:
     # that have them).
     importer: Callable[..., Any] | None = None
     drift: Callable[..., Any] | None = None
+    # An engine whose parallel layout is fixed names the flags that change its speed instead
+    # (flag -> values, its default first): what `recipeval layouts` sweeps for it.
+    speed_knobs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     @property
     def token_dumps(self) -> bool:

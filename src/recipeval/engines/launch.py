@@ -67,12 +67,14 @@ class Launch:
         lines.append(" \\\n  ".join(shell_lines(self.argv)))
         return "\n".join(lines) + "\n"
 
-
     def redacted(self) -> Launch:
         """The same launch with every secret (by name or value shape) shown as ***."""
         return replace(
-            self, argv=redact_argv(self.argv), env=redact_env(self.env),
-            entrypoint=redact_argv(self.entrypoint), runtime_env=redact_data(self.runtime_env),
+            self,
+            argv=redact_argv(self.argv),
+            env=redact_env(self.env),
+            entrypoint=redact_argv(self.entrypoint),
+            runtime_env=redact_data(self.runtime_env),
         )
 
 

@@ -64,4 +64,5 @@ ENGINE = Engine(
     dump_args=dump_args,
     rescore_args=rescore_args,
     packages=("torch", "transformers"),
+    speed_knobs=SPEED_KNOBS,
 )

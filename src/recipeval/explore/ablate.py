@@ -48,8 +48,11 @@ def flat_values(recipe: Recipe) -> dict[str, Any]:
 def changed_keys(before: Recipe, after: Recipe) -> dict[str, tuple[Any, Any]]:
     """key -> (value before, value after); MISSING where a side does not set it."""
     a, b = flat_values(before), flat_values(after)
-    return {k: (a.get(k, MISSING), b.get(k, MISSING))
-            for k in sorted(a.keys() | b.keys()) if a.get(k, MISSING) != b.get(k, MISSING)}
+    return {
+        k: (a.get(k, MISSING), b.get(k, MISSING))
+        for k in sorted(a.keys() | b.keys())
+        if a.get(k, MISSING) != b.get(k, MISSING)
+    }
 
 
 def nest(values: dict[str, Any]) -> dict[str, Any]:
@@ -111,19 +114,28 @@ def _new_failures(checks: list[Check], known: set[str]) -> list[Check]:
     return [c for c in checks if not c.ok and c.severity == "error" and c.id not in known]
 
 
-def plan(before: LoadedRecipe, after: LoadedRecipe, judge: Judge,
-         together: list[list[str]] | None = None) -> Ablation:
+def plan(
+    before: LoadedRecipe, after: LoadedRecipe, judge: Judge, together: list[list[str]] | None = None
+) -> Ablation:
     """The groups of changed keys, each a variant env_check accepts. `together`: key lists
     (exact keys or prefixes such as `parallel`) to keep in one group from the start."""
     changes = changed_keys(before.recipe, after.recipe)
     if not changes:
-        raise AblationError(f"{before.path} and {after.path} resolve to the same recipe: nothing to ablate")
+        raise AblationError(
+            f"{before.path} and {after.path} resolve to the same recipe: nothing to ablate"
+        )
     if before.recipe.model.name != after.recipe.model.name:
-        raise AblationError(f"model {before.recipe.model.name!r} vs {after.recipe.model.name!r}: "
-                            "ablate compares two recipes of one model")
+        raise AblationError(
+            f"model {before.recipe.model.name!r} vs {after.recipe.model.name!r}: "
+            "ablate compares two recipes of one model"
+        )
     groups = [Group([k]) for k in changes]
     for wanted in together or []:
-        members = [g for g in groups if any(k == w or k.startswith(w + ".") for k in g.keys for w in wanted)]
+        members = [
+            g
+            for g in groups
+            if any(k == w or k.startswith(w + ".") for k in g.keys for w in wanted)
+        ]
         if not members:
             raise AblationError(f"--group {','.join(wanted)}: no changed key matches")
         _merge(groups, members, f"--group {','.join(wanted)}")
@@ -137,23 +149,33 @@ def plan(before: LoadedRecipe, after: LoadedRecipe, judge: Judge,
             if not failures:
                 continue
             partners = _partners(groups, group, failures, changed, before, changes, judge, known)
-            why = "; ".join(f"{c.id}: {c.message.split(' [')[0].split('. Fix:')[0]}" for c in failures)
+            why = "; ".join(
+                f"{c.id}: {c.message.split(' [')[0].split('. Fix:')[0]}" for c in failures
+            )
             _merge(groups, [group, *partners], f"alone, env_check fails {why}")
             pending = True
             break
     return Ablation(before, after, changes, groups)
 
 
-def _partners(groups: list[Group], group: Group, failures: list[Check], changed: set[str],
-              before: LoadedRecipe, changes: dict[str, tuple[Any, Any]], judge: Judge,
-              known: set[str]) -> list[Group]:
+def _partners(
+    groups: list[Group],
+    group: Group,
+    failures: list[Check],
+    changed: set[str],
+    before: LoadedRecipe,
+    changes: dict[str, tuple[Any, Any]],
+    judge: Judge,
+    known: set[str],
+) -> list[Group]:
     bound = set().union(*(_bound_keys(c, changed) for c in failures)) - set(group.keys)
     named = [g for g in groups if g is not group and bound & set(g.keys)]
     if named:
         return named
     for other in groups:
         if other is not group and not _new_failures(
-                judge(_variant(before, changes, group.keys + other.keys)), known):
+            judge(_variant(before, changes, group.keys + other.keys)), known
+        ):
             return [other]
     return [g for g in groups if g is not group]  # nothing smaller passes: the whole change
 
@@ -194,25 +216,52 @@ def emit(ablation: Ablation, folder: Path) -> list[Path]:
     base = ablation.before.recipe.name
     every = list(ablation.changes)
     plans = [("none", [], "BEFORE as it is: the reference every effect is measured against")]
-    plans += [(f"{i:02d}-{_slug(g)}", g.keys, "; ".join(g.reasons) or "changes alone")
-              for i, g in enumerate(ablation.groups, 1)]
-    plans.append(("all", every, (f"every change: {ablation.after.path.name} (the interaction is "
-                                "this minus the sum of the single effects)")))
+    plans += [
+        (f"{i:02d}-{_slug(g)}", g.keys, "; ".join(g.reasons) or "changes alone")
+        for i, g in enumerate(ablation.groups, 1)
+    ]
+    plans.append(
+        (
+            "all",
+            every,
+            (
+                f"every change: {ablation.after.path.name} (the interaction is "
+                "this minus the sum of the single effects)"
+            ),
+        )
+    )
     written = []
     for suffix, keys, why in plans:
         sweep = Sweep(kind="ablation", base=base, keys=keys)
-        comment = (f"recipeval ablate {ablation.before.path.name} -> {ablation.after.path.name}: "
-                   f"{', '.join(keys) or 'no change'}\nwhy grouped: {why}")
-        written.append(write_variant(ablation.before.path, folder, f"{base}--ablate-{suffix}",
-                                     apply_keys(ablation.changes, keys), sweep, comment))
+        comment = (
+            f"recipeval ablate {ablation.before.path.name} -> {ablation.after.path.name}: "
+            f"{', '.join(keys) or 'no change'}\nwhy grouped: {why}"
+        )
+        written.append(
+            write_variant(
+                ablation.before.path,
+                folder,
+                f"{base}--ablate-{suffix}",
+                apply_keys(ablation.changes, keys),
+                sweep,
+                comment,
+            )
+        )
     return written
 
 
 def plan_lines(ablation: Ablation) -> list[str]:
-    lines = [(f"{len(ablation.changes)} changed key(s) from {ablation.before.path} to "
-             f"{ablation.after.path}, in {len(ablation.groups)} variant(s):")]
+    lines = [
+        (
+            f"{len(ablation.changes)} changed key(s) from {ablation.before.path} to "
+            f"{ablation.after.path}, in {len(ablation.groups)} variant(s):"
+        )
+    ]
     for i, group in enumerate(ablation.groups, 1):
-        shown = [f"{k}: {_show(ablation.changes[k][0])} -> {_show(ablation.changes[k][1])}" for k in group.keys]
+        shown = [
+            f"{k}: {_show(ablation.changes[k][0])} -> {_show(ablation.changes[k][1])}"
+            for k in group.keys
+        ]
         lines.append(f"  {i:2}. {shown[0]}")
         lines += [f"      {s}" for s in shown[1:]]
         lines += [f"      kept together: {r}" for r in group.reasons]
@@ -243,5 +292,13 @@ def static_judge() -> Judge:
     return judge
 
 
-__all__ = ["Ablation", "AblationError", "Group", "changed_keys", "emit", "plan", "plan_lines",
-           "static_judge"]
+__all__ = [
+    "Ablation",
+    "AblationError",
+    "Group",
+    "changed_keys",
+    "emit",
+    "plan",
+    "plan_lines",
+    "static_judge",
+]

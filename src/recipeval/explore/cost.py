@@ -163,7 +163,9 @@ def predict(work: Workload, place: Placement, hw: Hardware) -> Cost:
         parts["cp"] = _seconds(volume, _spread(place.cp, place.gpus_per_node, place.tp), hw)
     moe_here = work.moe_layers * layers_here / work.layers
     if place.ep > 1 and work.moe_layers:
-        volume = 2 * passes * moe_here * work.topk * activation / place.tp * (place.ep - 1) / place.ep
+        volume = (
+            2 * passes * moe_here * work.topk * activation / place.tp * (place.ep - 1) / place.ep
+        )
         parts["ep"] = _seconds(volume, _spread(place.ep, place.gpus_per_node, place.etp), hw)
     if place.pp > 1:
         stage_span = place.gpus // place.pp
@@ -197,8 +199,10 @@ class Calibration:
     def describe(self) -> str:
         if not self.runs:
             return "uncalibrated (no measured run of this model in the history)"
-        return (f"calibrated on {self.runs} measured run(s): compute x{self.compute_scale:.3g}, "
-                f"communication x{self.communication_scale:.3g}")
+        return (
+            f"calibrated on {self.runs} measured run(s): compute x{self.compute_scale:.3g}, "
+            f"communication x{self.communication_scale:.3g}"
+        )
 
 
 def calibrate(predicted: list[Cost], measured: list[float]) -> Calibration:
@@ -217,5 +221,14 @@ def calibrate(predicted: list[Cost], measured: list[float]) -> Calibration:
     return Calibration(scale, scale, len(predicted))
 
 
-__all__ = ["Calibration", "Cost", "Hardware", "Placement", "Workload", "calibrate",
-           "hardware_for", "micro_batches", "predict"]
+__all__ = [
+    "Calibration",
+    "Cost",
+    "Hardware",
+    "Placement",
+    "Workload",
+    "calibrate",
+    "hardware_for",
+    "micro_batches",
+    "predict",
+]

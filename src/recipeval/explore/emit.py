@@ -25,13 +25,18 @@ def prepare_folder(folder: Path) -> Path:
     return folder
 
 
-def write_variant(base: Path, folder: Path, name: str, changes: dict[str, Any],
-                  sweep: Sweep, comment: str) -> Path:
+def write_variant(
+    base: Path, folder: Path, name: str, changes: dict[str, Any], sweep: Sweep, comment: str
+) -> Path:
     """DIR/<name>.yaml extending `base` with `changes` (nested recipe keys); loaded back before
     it is left in place, so a variant on disk is always a valid recipe."""
-    body = {"name": name, "extends": os.path.relpath(base.resolve(), folder.resolve()),
-            **changes, "sweep": sweep.model_dump(exclude_none=True, exclude_defaults=True)
-            | {"kind": sweep.kind, "base": sweep.base}}
+    body = {
+        "name": name,
+        "extends": os.path.relpath(base.resolve(), folder.resolve()),
+        **changes,
+        "sweep": sweep.model_dump(exclude_none=True, exclude_defaults=True)
+        | {"kind": sweep.kind, "base": sweep.base},
+    }
     path = folder / f"{name}.yaml"
     text = "".join(f"# {line}\n" for line in comment.splitlines())
     text += yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=100)

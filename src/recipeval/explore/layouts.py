@@ -64,9 +64,16 @@ class Layout:
         return self.tp > 1
 
     def parallel(self) -> Parallel:
-        return Parallel(tp=self.tp, sequence_parallel=self.sp, pp=self.pp,
-                        pp_first_stage_layers=self.first, pp_last_stage_layers=self.last,
-                        cp=self.cp, ep=self.ep, etp=self.etp)
+        return Parallel(
+            tp=self.tp,
+            sequence_parallel=self.sp,
+            pp=self.pp,
+            pp_first_stage_layers=self.first,
+            pp_last_stage_layers=self.last,
+            cp=self.cp,
+            ep=self.ep,
+            etp=self.etp,
+        )
 
     def stage_layers(self, layers: int) -> tuple[int, ...]:
         if self.pp == 1:
@@ -142,10 +149,22 @@ def measurements(records: Iterable[Any], recipe: Recipe) -> list[Measured]:
             continue
         if values.get("cluster.gpu") != recipe.cluster.gpu:
             continue
-        keys = {f.removeprefix("parallel."): v for f, v in values.items() if f.startswith("parallel.")}
-        found.append(Measured(Parallel(**keys), Cluster(**{
-            k.removeprefix("cluster."): v for k, v in values.items() if k.startswith("cluster.")}),
-            float(rec.metrics[MEASURED_METRIC])))
+        keys = {
+            f.removeprefix("parallel."): v for f, v in values.items() if f.startswith("parallel.")
+        }
+        found.append(
+            Measured(
+                Parallel(**keys),
+                Cluster(
+                    **{
+                        k.removeprefix("cluster."): v
+                        for k, v in values.items()
+                        if k.startswith("cluster.")
+                    }
+                ),
+                float(rec.metrics[MEASURED_METRIC]),
+            )
+        )
     return found
 
 
@@ -191,8 +210,10 @@ class LayoutError(ValueError):
 
 def _variant(loaded: LoadedRecipe, base: Subject, layout_: Layout, cluster: Cluster) -> Subject:
     recipe = loaded.recipe.model_copy(update={"parallel": layout_.parallel(), "cluster": cluster})
-    return Subject(dataclasses.replace(loaded, recipe=recipe),
-                   dataclasses.replace(base.resolved, recipe=recipe))
+    return Subject(
+        dataclasses.replace(loaded, recipe=recipe),
+        dataclasses.replace(base.resolved, recipe=recipe),
+    )
 
 
 def workload(subject: Subject) -> Workload:
@@ -204,22 +225,37 @@ def workload(subject: Subject) -> Workload:
         total = m.parameters
     else:
         ffn = m.ffn_hidden_size or 4 * m.hidden_size
-        total = m.layers * (4 * m.hidden_size**2 + 3 * m.hidden_size * ffn) + 2 * vocab * m.hidden_size
+        total = (
+            m.layers * (4 * m.hidden_size**2 + 3 * m.hidden_size * ffn) + 2 * vocab * m.hidden_size
+        )
         total += experts
     experts = min(experts, total)
     topk = m.moe_router_topk or 1
     active = total - experts + (experts * topk / m.experts if m.experts else 0)
     per_layer = max(active - 2 * vocab * m.hidden_size, active / 2) / m.layers
-    samples = (subject.int_arg("rollout-batch-size") or 1) * (subject.int_arg("n-samples-per-prompt") or 1)
+    samples = (subject.int_arg("rollout-batch-size") or 1) * (
+        subject.int_arg("n-samples-per-prompt") or 1
+    )
     steps = subject.int_arg("num-steps-per-rollout") or 1
-    seq = (subject.int_arg("rollout-max-response-len") or 1024) + (subject.int_arg("rollout-max-prompt-len") or 0)
+    seq = (subject.int_arg("rollout-max-response-len") or 1024) + (
+        subject.int_arg("rollout-max-prompt-len") or 0
+    )
     dynamic = subject.flag_on("use-dynamic-batch-size")
-    recompute = subject.arg("recompute-granularity") == "full" or subject.flag_on("recompute-activations")
+    recompute = subject.arg("recompute-granularity") == "full" or subject.flag_on(
+        "recompute-activations"
+    )
     return Workload(
-        layers=m.layers, moe_layers=memory.moe_layers(subject) if m.experts else 0,
-        hidden=m.hidden_size, active_params=active, total_params=total, expert_params=experts,
-        output_layer_units=vocab * m.hidden_size / per_layer, topk=topk, tokens=samples * seq,
-        steps=steps, global_batch=context.global_batch(subject) or samples,
+        layers=m.layers,
+        moe_layers=memory.moe_layers(subject) if m.experts else 0,
+        hidden=m.hidden_size,
+        active_params=active,
+        total_params=total,
+        expert_params=experts,
+        output_layer_units=vocab * m.hidden_size / per_layer,
+        topk=topk,
+        tokens=samples * seq,
+        steps=steps,
+        global_batch=context.global_batch(subject) or samples,
         micro_batch=subject.int_arg("micro-batch-size", 1) or 1,
         max_tokens_per_gpu=subject.int_arg("max-tokens-per-gpu") if dynamic else None,
         recompute=recompute,
@@ -227,16 +263,28 @@ def workload(subject: Subject) -> Workload:
 
 
 def _placement(layout_: Layout, layers: int, gpus: int, per_node: int) -> Placement:
-    return Placement(layout_.tp, layout_.pp, layout_.cp, layout_.ep, layout_.etp,
-                     layout_.stage_layers(layers), gpus, per_node)
+    return Placement(
+        layout_.tp,
+        layout_.pp,
+        layout_.cp,
+        layout_.ep,
+        layout_.etp,
+        layout_.stage_layers(layers),
+        gpus,
+        per_node,
+    )
 
 
 def _first_failure(checks: list[Check]) -> Check | None:
     return next((c for c in checks if not c.ok and c.severity == "error"), None)
 
 
-def explore(loaded: LoadedRecipe, gpus: int, nodes: int | None = None,
-            measured: list[Measured] | None = None) -> Exploration:
+def explore(
+    loaded: LoadedRecipe,
+    gpus: int,
+    nodes: int | None = None,
+    measured: list[Measured] | None = None,
+) -> Exploration:
     """Every valid layout on `gpus` GPUs over `nodes` nodes (default: the recipe's GPUs per
     node), ranked by predicted training seconds per rollout; raises LayoutError."""
     start = time.perf_counter()
@@ -266,7 +314,9 @@ def explore(loaded: LoadedRecipe, gpus: int, nodes: int | None = None,
         failed = _first_failure(checks)
         if failed is None:
             global_batch = context.global_batch(subject)
-            micro = layout.microbatch_check(subject, megatron, global_batch) if global_batch else None
+            micro = (
+                layout.microbatch_check(subject, megatron, global_batch) if global_batch else None
+            )
             checks += [micro] if micro else []
             failed = _first_failure(checks)
         if failed is None:
@@ -280,29 +330,46 @@ def explore(loaded: LoadedRecipe, gpus: int, nodes: int | None = None,
         limit = memory.gpu_memory_gb(recipe.cluster.gpu)
         cost = predict(work, _placement(candidate, layers, gpus, per_node), hw)
         warnings = [c.message for c in checks if not c.ok and c.severity == "warning"]
-        kept.append(Ranked(candidate, cost, cost.total,
-                           float(per_gpu.value) if per_gpu and per_gpu.value is not None else None,
-                           limit, warnings))
+        kept.append(
+            Ranked(
+                candidate,
+                cost,
+                cost.total,
+                float(per_gpu.value) if per_gpu and per_gpu.value is not None else None,
+                limit,
+                warnings,
+            )
+        )
     calibration = _calibration(measured or [], work, layers, hw)
     for ranked in kept:
         ranked.seconds = calibration.apply(ranked.cost)
     kept.sort(key=lambda r: (round(r.seconds, 6), -(r.headroom or 0.0)))
-    return Exploration(recipe.name, gpus, nodes, per_node, layers, kept, rejected, candidates,
-                       calibration, time.perf_counter() - start)
+    return Exploration(
+        recipe.name,
+        gpus,
+        nodes,
+        per_node,
+        layers,
+        kept,
+        rejected,
+        candidates,
+        calibration,
+        time.perf_counter() - start,
+    )
 
 
 def _calibration(measured: list[Measured], work: Workload, layers: int, hw: Any) -> Calibration:
     predicted = []
     for run in measured:
         p = run.parallel
-        run_layout = Layout(p.tp, p.pp, p.cp, p.ep, p.etp, p.pp_first_stage_layers,
-                            p.pp_last_stage_layers)
+        run_layout = Layout(
+            p.tp, p.pp, p.cp, p.ep, p.etp, p.pp_first_stage_layers, p.pp_last_stage_layers
+        )
         gpus = run.cluster.nodes * run.cluster.gpus_per_node
-        predicted.append(predict(work, _placement(run_layout, layers, gpus,
-                                                  run.cluster.gpus_per_node), hw))
+        predicted.append(
+            predict(work, _placement(run_layout, layers, gpus, run.cluster.gpus_per_node), hw)
+        )
     return calibrate(predicted, [m.seconds for m in measured])
-
-
 
 
 def current_layout(recipe: Recipe) -> Layout:
@@ -310,12 +377,14 @@ def current_layout(recipe: Recipe) -> Layout:
     return Layout(p.tp, p.pp, p.cp, p.ep, p.etp, p.pp_first_stage_layers, p.pp_last_stage_layers)
 
 
-COST_MODEL = ("predicted training seconds per rollout = compute (6 x active parameters x tokens "
-              "at 35 % of the GPU's BF16 peak, stretched by pipeline imbalance and the 1F1B bubble) "
-              "+ communication: tp (SP all-gather/reduce-scatter), cp (ring attention K/V), ep "
-              "(MoE all-to-all), pp (stage activations), dp (gradients); intra-node vs network "
-              "bandwidth by placement. Memory: weights, gradients, optimizer state and SGLang's "
-              "static fraction, not activations")
+COST_MODEL = (
+    "predicted training seconds per rollout = compute (6 x active parameters x tokens "
+    "at 35 % of the GPU's BF16 peak, stretched by pipeline imbalance and the 1F1B bubble) "
+    "+ communication: tp (SP all-gather/reduce-scatter), cp (ring attention K/V), ep "
+    "(MoE all-to-all), pp (stage activations), dp (gradients); intra-node vs network "
+    "bandwidth by placement. Memory: weights, gradients, optimizer state and SGLang's "
+    "static fraction, not activations"
+)
 
 
 def table_lines(found: Exploration, current: Layout | None, top: int | None) -> list[str]:
@@ -323,9 +392,11 @@ def table_lines(found: Exploration, current: Layout | None, top: int | None) -> 
     kept = found.kept[:top] if top else found.kept
     rejected = sum(r.count for r in found.rejected.values())
     lines = [
-        (f"{found.recipe}: {found.candidates} layouts on {found.gpus} GPUs ({found.nodes} nodes x "
-        f"{found.gpus_per_node}), {len(found.kept)} valid and fitting, {rejected} rejected "
-        f"({found.seconds:.1f} s)"),
+        (
+            f"{found.recipe}: {found.candidates} layouts on {found.gpus} GPUs ({found.nodes} nodes x "
+            f"{found.gpus_per_node}), {len(found.kept)} valid and fitting, {rejected} rejected "
+            f"({found.seconds:.1f} s)"
+        ),
         f"cost model: {COST_MODEL}",
         f"calibration: {found.calibration.describe()}",
         "",
@@ -334,15 +405,22 @@ def table_lines(found: Exploration, current: Layout | None, top: int | None) -> 
     for rank, item in enumerate(kept, 1):
         mark = " *" if current is not None and item.layout == current else ""
         parts = " ".join(f"{k} {v:.2f}" for k, v in item.cost.parts.items())
-        memory_ = (f"{item.memory_gb:.0f}/{item.memory_limit_gb:.0f} ({item.headroom:.0%} free)"
-                   if item.headroom is not None else "-")
-        lines.append(f"{rank:>4}  {item.layout.describe(found.layers) + mark:42} "
-                     f"{item.seconds:11.2f}  {parts:44} {memory_:>14}")
+        memory_ = (
+            f"{item.memory_gb:.0f}/{item.memory_limit_gb:.0f} ({item.headroom:.0%} free)"
+            if item.headroom is not None
+            else "-"
+        )
+        lines.append(
+            f"{rank:>4}  {item.layout.describe(found.layers) + mark:42} "
+            f"{item.seconds:11.2f}  {parts:44} {memory_:>14}"
+        )
     if len(kept) < len(found.kept):
         lines.append(f"      ... {len(found.kept) - len(kept)} more (--top)")
     if current is not None:
         where = next((i for i, r in enumerate(found.kept, 1) if r.layout == current), None)
-        lines.append(f"* the recipe's own layout{f' (rank {where})' if where else ': not among the valid ones'}")
+        lines.append(
+            f"* the recipe's own layout{f' (rank {where})' if where else ': not among the valid ones'}"
+        )
     lines.append("")
     lines.append("rejected, by the first check that failed:")
     for reason, rej in sorted(found.rejected.items(), key=lambda kv: -kv[1].count):
@@ -350,24 +428,43 @@ def table_lines(found: Exploration, current: Layout | None, top: int | None) -> 
     return lines
 
 
-def emit_layouts(found: Exploration, loaded: LoadedRecipe, folder: Path, top: int | None) -> list[Path]:
+def emit_layouts(
+    found: Exploration, loaded: LoadedRecipe, folder: Path, top: int | None
+) -> list[Path]:
     """One recipe per kept layout (the best `top`): extends the original, changes `parallel`
     (and `cluster` when the GPU count differs)."""
     recipe = loaded.recipe
-    cluster = {"nodes": found.nodes, "gpus_per_node": found.gpus_per_node, "gpu": recipe.cluster.gpu}
-    same_cluster = (recipe.cluster.nodes, recipe.cluster.gpus_per_node) == (found.nodes, found.gpus_per_node)
+    cluster = {
+        "nodes": found.nodes,
+        "gpus_per_node": found.gpus_per_node,
+        "gpu": recipe.cluster.gpu,
+    }
+    same_cluster = (recipe.cluster.nodes, recipe.cluster.gpus_per_node) == (
+        found.nodes,
+        found.gpus_per_node,
+    )
     prepare_folder(folder)
     written = []
     for rank, item in enumerate(found.kept[:top] if top else found.kept, 1):
         changes: dict[str, Any] = {} if same_cluster else {"cluster": cluster}
         changes["parallel"] = item.layout.parallel().model_dump(exclude_none=True)
-        sweep = Sweep(kind="layouts", base=recipe.name, rank=rank,
-                      predicted_s=round(item.seconds, 3), keys=sorted(changes))
-        comment = (f"recipeval layouts: rank {rank} of {len(found.kept)} for {recipe.name} on "
-                   f"{found.gpus} GPUs: {item.layout.describe(found.layers)}; predicted "
-                   f"{item.seconds:.2f} s training per rollout ({found.calibration.describe()})")
-        written.append(write_variant(loaded.path, folder, f"{recipe.name}--{item.layout.slug()}",
-                                     changes, sweep, comment))
+        sweep = Sweep(
+            kind="layouts",
+            base=recipe.name,
+            rank=rank,
+            predicted_s=round(item.seconds, 3),
+            keys=sorted(changes),
+        )
+        comment = (
+            f"recipeval layouts: rank {rank} of {len(found.kept)} for {recipe.name} on "
+            f"{found.gpus} GPUs: {item.layout.describe(found.layers)}; predicted "
+            f"{item.seconds:.2f} s training per rollout ({found.calibration.describe()})"
+        )
+        written.append(
+            write_variant(
+                loaded.path, folder, f"{recipe.name}--{item.layout.slug()}", changes, sweep, comment
+            )
+        )
     return written
 
 
@@ -376,8 +473,11 @@ def knob_variants(recipe: Recipe, knobs: dict[str, tuple[Any, ...]]) -> list[dic
     values, the engine's default first) other than the recipe's own settings; each variant
     sets only the flags it changes."""
     own = {flag: recipe.args.get(flag, values[0]) for flag, values in knobs.items()}
-    return [{flag: v for flag, v in zip(knobs, values, strict=True) if v != own[flag]}
-            for values in itertools.product(*knobs.values()) if values != tuple(own.values())]
+    return [
+        {flag: v for flag, v in zip(knobs, values, strict=True) if v != own[flag]}
+        for values in itertools.product(*knobs.values())
+        if values != tuple(own.values())
+    ]
 
 
 def _slug(value: Any) -> str:
@@ -385,8 +485,9 @@ def _slug(value: Any) -> str:
     return "".join(c if c.isalnum() or c in "._" else "_" for c in text)
 
 
-def emit_knobs(loaded: LoadedRecipe, knobs: dict[str, tuple[Any, ...]], folder: Path,
-               top: int | None) -> list[Path]:
+def emit_knobs(
+    loaded: LoadedRecipe, knobs: dict[str, tuple[Any, ...]], folder: Path, top: int | None
+) -> list[Path]:
     """One recipe per knob combination (the first `top`); their rank is measured, not predicted."""
     recipe = loaded.recipe
     prepare_folder(folder)
@@ -394,12 +495,28 @@ def emit_knobs(loaded: LoadedRecipe, knobs: dict[str, tuple[Any, ...]], folder: 
     for args in knob_variants(recipe, knobs)[:top] if top else knob_variants(recipe, knobs):
         name = recipe.name + "--" + "-".join(f"{flag}-{_slug(v)}" for flag, v in args.items())
         sweep = Sweep(kind="layouts", base=recipe.name, keys=[f"args.{flag}" for flag in args])
-        comment = (f"recipeval layouts: a speed-knob variant of {recipe.name} (the engine's layout "
-                   "is fixed); ranked by measured time")
+        comment = (
+            f"recipeval layouts: a speed-knob variant of {recipe.name} (the engine's layout "
+            "is fixed); ranked by measured time"
+        )
         written.append(write_variant(loaded.path, folder, name, {"args": args}, sweep, comment))
     return written
 
 
-__all__ = ["Exploration", "Layout", "LayoutError", "Measured", "Ranked", "candidate_layouts",
-           "current_layout", "emit_knobs", "emit_layouts", "explore", "knob_variants",
-           "measurements", "pipeline_splits", "table_lines", "workload"]
+__all__ = [
+    "Exploration",
+    "Layout",
+    "LayoutError",
+    "Measured",
+    "Ranked",
+    "candidate_layouts",
+    "current_layout",
+    "emit_knobs",
+    "emit_layouts",
+    "explore",
+    "knob_variants",
+    "measurements",
+    "pipeline_splits",
+    "table_lines",
+    "workload",
+]

@@ -15,8 +15,13 @@ from recipeval.publish.records import PROVENANCE_FIELDS, RunRecord
 # Metrics worth a verdict: the bench's steady-state estimates (those with an interval) and
 # these headline numbers. Judging every number in every summary would multiply the nightly
 # false-alarm rate by the number of metrics (counts, per-variant detail, positions).
-HEADLINES = ("train_rollout_logprob_abs_diff", "train_rollout_kl", "tokens_per_gpu_per_sec",
-             "actor_train_tflops", "actor_train_tok_per_s")
+HEADLINES = (
+    "train_rollout_logprob_abs_diff",
+    "train_rollout_kl",
+    "tokens_per_gpu_per_sec",
+    "actor_train_tflops",
+    "actor_train_tok_per_s",
+)
 
 
 @dataclass(frozen=True)
@@ -48,8 +53,11 @@ class RecipeVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "recipe": self.recipe, "run_id": self.run_id, "status": self.status,
-            "failures": self.failures, "last_good_run": self.last_good_run,
+            "recipe": self.recipe,
+            "run_id": self.run_id,
+            "status": self.status,
+            "failures": self.failures,
+            "last_good_run": self.last_good_run,
             "change_run": self.change_run,
             "metrics": [m.to_dict() for m in self.metrics],
             "changes": [vars(c) for c in self.changes],
@@ -66,14 +74,19 @@ def what_changed(before: RunRecord, after: RunRecord) -> list[Change]:
     for kind, old, new in (
         ("recipe", before.recipe_values, after.recipe_values),
         ("package", before.packages, after.packages),
-        ("provenance", {k: before.provenance.get(k) for k in PROVENANCE_FIELDS},
-         {k: after.provenance.get(k) for k in PROVENANCE_FIELDS}),
+        (
+            "provenance",
+            {k: before.provenance.get(k) for k in PROVENANCE_FIELDS},
+            {k: after.provenance.get(k) for k in PROVENANCE_FIELDS},
+        ),
     ):
         for key in sorted(set(old) | set(new)):
             if old.get(key) != new.get(key):
                 changes.append(Change(kind, key, old.get(key), new.get(key)))
     if before.recipe_sha256 != after.recipe_sha256 and not any(c.kind == "recipe" for c in changes):
-        changes.append(Change("recipe", "sha256", before.recipe_sha256[:12], after.recipe_sha256[:12]))
+        changes.append(
+            Change("recipe", "sha256", before.recipe_sha256[:12], after.recipe_sha256[:12])
+        )
     return changes
 
 
@@ -97,22 +110,35 @@ class Acknowledgement:
     note: str = ""
 
 
-def _history_start(recipe: str, metric: str, prior: list[RunRecord],
-                   acks: Sequence[Acknowledgement]) -> int:
+def _history_start(
+    recipe: str, metric: str, prior: list[RunRecord], acks: Sequence[Acknowledgement]
+) -> int:
     """Index into `prior` of the first run judged for `metric`: the latest acknowledged one."""
     position = {r.run_id: i for i, r in enumerate(prior)}
-    starts = [position[a.run_id] for a in acks
-              if a.recipe == recipe and a.metric in (None, metric) and a.run_id in position]
+    starts = [
+        position[a.run_id]
+        for a in acks
+        if a.recipe == recipe and a.metric in (None, metric) and a.run_id in position
+    ]
     return max(starts, default=0)
 
 
-def judge_run(record: RunRecord, history: list[RunRecord], settings: RegressionSettings,
-              acks: Sequence[Acknowledgement] = ()) -> RecipeVerdict:
+def judge_run(
+    record: RunRecord,
+    history: list[RunRecord],
+    settings: RegressionSettings,
+    acks: Sequence[Acknowledgement] = (),
+) -> RecipeVerdict:
     """`history` may contain runs of any recipe and this run itself; only earlier runs of the
     same recipe count, of those only the values whose stage passed, and only from the latest
     acknowledgement on. The recipe's metrics are judged together (false alarms per recipe)."""
-    prior = [r for r in history if r.recipe == record.recipe and r.run_id != record.run_id
-             and (r.date or "") <= (record.date or "")]
+    prior = [
+        r
+        for r in history
+        if r.recipe == record.recipe
+        and r.run_id != record.run_id
+        and (r.date or "") <= (record.date or "")
+    ]
     series: dict[str, tuple[list[float], float]] = {}
     runs_of: dict[str, list[RunRecord]] = {}
     for metric, value in sorted(record.metrics.items()):
@@ -133,8 +159,11 @@ def judge_run(record: RunRecord, history: list[RunRecord], settings: RegressionS
         verdict.status = "improved"
     if verdict.status == "ok":
         return verdict
-    located = [(m.change_index, m.metric) for m in verdict.regressions or verdict.improvements
-               if m.change_index]
+    located = [
+        (m.change_index, m.metric)
+        for m in verdict.regressions or verdict.improvements
+        if m.change_index
+    ]
     if located and verdict.status != "failed":
         index, metric = min(located)
         runs = [*runs_of[metric], record]

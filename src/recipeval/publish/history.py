@@ -50,6 +50,8 @@ def check_name(name: str, what: str = "recipe") -> str:
             "and '-', starting with a letter or digit"
         )
     return name
+
+
 ACK_NAME = "acknowledged.json"
 _ACKS = TypeAdapter(list[Acknowledgement])
 
@@ -64,12 +66,15 @@ def acknowledgements(history: Path) -> list[Acknowledgement]:
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "top level"
-        raise ValueError(f"{path}: {where}: {first['msg']}; expected a list of "
-                         '{"recipe": ..., "run_id": ..., "metric": null, "note": ""}') from None
+        raise ValueError(
+            f"{path}: {where}: {first['msg']}; expected a list of "
+            '{"recipe": ..., "run_id": ..., "metric": null, "note": ""}'
+        ) from None
 
 
-def acknowledge(history: Path, recipe: str, run_id: str, metric: str | None = None,
-                note: str = "") -> Path:
+def acknowledge(
+    history: Path, recipe: str, run_id: str, metric: str | None = None, note: str = ""
+) -> Path:
     """Record that the change starting at `run_id` is accepted (see the module docstring)."""
     acks = [*acknowledgements(history), Acknowledgement(recipe, run_id, metric, note)]
     path = history / ACK_NAME
@@ -82,7 +87,9 @@ def acknowledge(history: Path, recipe: str, run_id: str, metric: str | None = No
 
 def record_path(history: Path, record: RunRecord) -> Path:
     stamp = _STAMP_DROP.sub("", record.date or "undated").replace("+0000", "Z")[:40] or "undated"
-    path = history / check_name(record.recipe) / f"{stamp}-{check_name(record.run_id, 'run id')}.json"
+    path = (
+        history / check_name(record.recipe) / f"{stamp}-{check_name(record.run_id, 'run id')}.json"
+    )
     if not path.resolve().is_relative_to(history.resolve()):
         raise UnsafeName(f"history file {path} would lie outside {history}")
     return path

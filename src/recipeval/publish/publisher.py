@@ -77,7 +77,9 @@ def _stage_results(inputs: list[Path]) -> dict[str, list[StageResult]]:
         try:
             history.check_name(name)
         except history.UnsafeName as err:
-            raise PublishError(f"{results[0].provenance.recipe_path or 'a stage result'}: {err}") from None
+            raise PublishError(
+                f"{results[0].provenance.recipe_path or 'a stage result'}: {err}"
+            ) from None
     return dict(sorted(grouped.items()))
 
 
@@ -112,7 +114,9 @@ def publish(
         stage_results = [r for results in grouped.values() for r in results]
         figures = all_figures(records, verdicts, history_frame, stage_results)
         write_figures(figures, out.plots)
-    _write_text(out.tables / "benchmarks.html", render_page(records, verdicts, frame, generated, figures))
+    _write_text(
+        out.tables / "benchmarks.html", render_page(records, verdicts, frame, generated, figures)
+    )
     history.rebuild_parquet(out.history)
     write_junit(records, verdicts, out.junit)
     _write_text(

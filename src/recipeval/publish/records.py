@@ -180,8 +180,12 @@ def collect_results(paths: Iterable[Path]) -> dict[str, list[StageResult]]:
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            files += sorted(p for stage in STAGES for pattern in (f"*/{stage}.json", f"{stage}.json")
-                            for p in path.glob(pattern))
+            files += sorted(
+                p
+                for stage in STAGES
+                for pattern in (f"*/{stage}.json", f"{stage}.json")
+                for p in path.glob(pattern)
+            )
         else:
             files.append(path)
     grouped: dict[str, list[StageResult]] = {}

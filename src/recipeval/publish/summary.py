@@ -1,8 +1,8 @@
 """What the end of a run shows: the verdict of every stage of every recipe, and where to look.
 
-    tiny-grpo-cpu   env_check pass   smoke pass   logprob_diff pass   bench pass
-    verdict: ok (results/regression.json)
-    tables and plots: results/tables/benchmarks.html
+tiny-grpo-cpu   env_check pass   smoke pass   logprob_diff pass   bench pass
+verdict: ok (results/regression.json)
+tables and plots: results/tables/benchmarks.html
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from recipeval.recipe import STAGES
 from recipeval.result import read_result
 
 
-def stage_statuses(results: Path, recipes: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+def stage_statuses(
+    results: Path, recipes: Iterable[str] | None = None
+) -> dict[str, dict[str, str]]:
     """recipe folder name -> stage -> status, for every stage result under `results` (only
     `recipes`' folders when given); an unreadable result reads as `unreadable`."""
     table: dict[str, dict[str, str]] = {}
@@ -42,8 +44,10 @@ def verdict_lines(results: Path, recipes: Iterable[str] | None = None) -> list[s
     if not table:
         return [f"no stage results under {results}"]
     width = max(len(name) for name in table)
-    lines = [f"{name:{width}}  " + "   ".join(f"{stage} {status}" for stage, status in stages.items())
-             for name, stages in table.items()]
+    lines = [
+        f"{name:{width}}  " + "   ".join(f"{stage} {status}" for stage, status in stages.items())
+        for name, stages in table.items()
+    ]
     verdict = results / "regression.json"
     if verdict.is_file():
         try:

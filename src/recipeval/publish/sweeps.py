@@ -13,8 +13,17 @@ from recipeval.publish.tables import find_metric
 # What a layout is ranked by: the full step (rollout + train + sync) where bench measured it.
 RANK_BY = ("cycle_time", "perf/step_time", "perf/actor_train_time")
 TRAIN = ("perf/actor_train_time",)
-LAYOUT_COLUMNS = ["base", "variant", "recipe", "predicted rank", "predicted train s",
-                  "measured train s", "measured step s", "step interval", "measured rank"]
+LAYOUT_COLUMNS = [
+    "base",
+    "variant",
+    "recipe",
+    "predicted rank",
+    "predicted train s",
+    "measured train s",
+    "measured step s",
+    "step interval",
+    "measured rank",
+]
 
 
 def variant_label(record: RunRecord) -> str:
@@ -24,12 +33,21 @@ def variant_label(record: RunRecord) -> str:
     parts = []
     for key in keys:
         if key == "parallel":
-            p = {k.removeprefix("parallel."): v for k, v in values.items() if k.startswith("parallel.")}
-            split = (f" ({p.get('pp_first_stage_layers')}+..+{p.get('pp_last_stage_layers')})"
-                     if p.get("pp_first_stage_layers") else "")
+            p = {
+                k.removeprefix("parallel."): v
+                for k, v in values.items()
+                if k.startswith("parallel.")
+            }
+            split = (
+                f" ({p.get('pp_first_stage_layers')}+..+{p.get('pp_last_stage_layers')})"
+                if p.get("pp_first_stage_layers")
+                else ""
+            )
             sp = " SP" if p.get("sequence_parallel") else ""
-            parts.append(f"TP{p.get('tp')}{sp} PP{p.get('pp')}{split} CP{p.get('cp')} "
-                         f"EP{p.get('ep')} ETP{p.get('etp')}")
+            parts.append(
+                f"TP{p.get('tp')}{sp} PP{p.get('pp')}{split} CP{p.get('cp')} "
+                f"EP{p.get('ep')} ETP{p.get('etp')}"
+            )
         elif key != "cluster":
             parts.append(f"{key.split('.', 1)[-1]}={values.get(key)}")
     return ", ".join(parts) or record.recipe
@@ -52,12 +70,18 @@ def layout_table(records: list[RunRecord]) -> pd.DataFrame:
             continue
         step, interval = _value(rec, RANK_BY)
         train, _ = _value(rec, TRAIN)
-        rows.append({
-            "base": values.get("sweep.base"), "variant": variant_label(rec), "recipe": rec.recipe,
-            "predicted rank": values.get("sweep.rank"), "predicted train s": values.get("sweep.predicted_s"),
-            "measured train s": train, "measured step s": step,
-            "step interval": f"[{interval[0]:.4g}, {interval[1]:.4g}]" if interval else "",
-        })
+        rows.append(
+            {
+                "base": values.get("sweep.base"),
+                "variant": variant_label(rec),
+                "recipe": rec.recipe,
+                "predicted rank": values.get("sweep.rank"),
+                "predicted train s": values.get("sweep.predicted_s"),
+                "measured train s": train,
+                "measured step s": step,
+                "step interval": f"[{interval[0]:.4g}, {interval[1]:.4g}]" if interval else "",
+            }
+        )
     frame = pd.DataFrame(rows, columns=LAYOUT_COLUMNS[:-1])
     if frame.empty:
         return pd.DataFrame(columns=LAYOUT_COLUMNS)

@@ -20,13 +20,34 @@ from recipeval.recipe.schema import Recipe
 #   itself (to its checkouts); a recipe adding to it must say so.
 # - other interpreters a job may start: PERL5OPT, PERL5LIB, RUBYOPT, NODE_OPTIONS,
 #   JAVA_TOOL_OPTIONS, _JAVA_OPTIONS.
-EXEC_ENV: frozenset[str] = frozenset({
-    "BASH_ENV", "ENV", "PROMPT_COMMAND", "PS4", "SHELLOPTS", "BASHOPTS", "BASH_XTRACEFD",
-    "LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "GCONV_PATH",
-    "PYTHONSTARTUP", "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSAFEPATH",
-    "PYTHONINSPECT", "PYTHONBREAKPOINT",
-    "PERL5OPT", "PERL5LIB", "RUBYOPT", "NODE_OPTIONS", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS",
-})
+EXEC_ENV: frozenset[str] = frozenset(
+    {
+        "BASH_ENV",
+        "ENV",
+        "PROMPT_COMMAND",
+        "PS4",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "BASH_XTRACEFD",
+        "LD_PRELOAD",
+        "LD_AUDIT",
+        "LD_LIBRARY_PATH",
+        "GCONV_PATH",
+        "PYTHONSTARTUP",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONUSERBASE",
+        "PYTHONSAFEPATH",
+        "PYTHONINSPECT",
+        "PYTHONBREAKPOINT",
+        "PERL5OPT",
+        "PERL5LIB",
+        "RUBYOPT",
+        "NODE_OPTIONS",
+        "JAVA_TOOL_OPTIONS",
+        "_JAVA_OPTIONS",
+    }
+)
 
 
 def env_maps(recipe: Recipe) -> Iterator[tuple[str, dict[str, str | None]]]:
@@ -53,8 +74,13 @@ def refused_exec_env(recipe: Recipe) -> list[tuple[str, str]]:
     """(dotted key, message) for exec-capable names the recipe does not allow."""
     allowed = set(recipe.allow_exec_env)
     return [
-        (key, (f"{name} makes the shell, loader or interpreter run code chosen by its value; "
-               f"if that is intended, list it in allow_exec_env: [{name}]"))
+        (
+            key,
+            (
+                f"{name} makes the shell, loader or interpreter run code chosen by its value; "
+                f"if that is intended, list it in allow_exec_env: [{name}]"
+            ),
+        )
         for key, name in exec_env_keys(recipe)
         if name not in allowed
     ]

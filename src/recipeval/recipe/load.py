@@ -127,7 +127,9 @@ MAX_RECIPE_FILES = 64
 
 
 def _read_chain(
-    file: Path, stack: tuple[Path, ...], budget: list[int] | None = None,
+    file: Path,
+    stack: tuple[Path, ...],
+    budget: list[int] | None = None,
 ) -> tuple[dict[str, Any], dict[KeyPath, Origin], list[Path]]:
     budget = [MAX_RECIPE_FILES] if budget is None else budget
     budget[0] -= 1
@@ -148,16 +150,23 @@ def _read_chain(
             parent = (file.parent / rel).resolve()
             parent.is_file()
         except (OSError, ValueError) as err:
-            raise RecipeError(file, f"parent recipe {rel[:100]!r} is not a usable path: {err}",
-                              "extends", line) from None
+            raise RecipeError(
+                file, f"parent recipe {rel[:100]!r} is not a usable path: {err}", "extends", line
+            ) from None
         if parent in stack or parent == file:
             cycle = " -> ".join(str(p) for p in (*stack, file, parent))
             raise RecipeError(file, f"extends cycle: {cycle}", "extends", line)
         if len(stack) + 1 >= MAX_EXTENDS_DEPTH:
-            raise RecipeError(file, f"extends chain longer than {MAX_EXTENDS_DEPTH} files", "extends", line)
+            raise RecipeError(
+                file, f"extends chain longer than {MAX_EXTENDS_DEPTH} files", "extends", line
+            )
         if budget[0] <= 0:
-            raise RecipeError(file, f"extends reads more than {MAX_RECIPE_FILES} files for one recipe",
-                              "extends", line)
+            raise RecipeError(
+                file,
+                f"extends reads more than {MAX_RECIPE_FILES} files for one recipe",
+                "extends",
+                line,
+            )
         if not parent.is_file():
             raise RecipeError(
                 file, f"parent recipe {rel!r} not found (looked for {parent})", "extends", line

@@ -49,7 +49,9 @@ class _BoundedLoader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise BudgetError(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark.line + 1)
+                raise BudgetError(
+                    f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark.line + 1
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -60,8 +62,10 @@ class _BoundedLoader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise BudgetError("merge keys (<<) nested too deep or merging themselves",
-                                  node.start_mark.line + 1)
+                raise BudgetError(
+                    "merge keys (<<) nested too deep or merging themselves",
+                    node.start_mark.line + 1,
+                )
             total = 0
             for key, value in node.value:
                 if key.tag != MERGE_TAG:
@@ -73,8 +77,9 @@ class _BoundedLoader(yaml.SafeLoader):
                         self.flatten_mapping(sub)
                         total += len(sub.value)
             if total > MAX_NODES:
-                raise BudgetError(f"merge keys (<<) expand past {MAX_NODES} entries",
-                                  node.start_mark.line + 1)
+                raise BudgetError(
+                    f"merge keys (<<) expand past {MAX_NODES} entries", node.start_mark.line + 1
+                )
             super().flatten_mapping(node)
         finally:
             self._depth -= 1
@@ -95,31 +100,45 @@ class _Builder:
             return self.loader.construct_object(node, deep=True)
         except (ValueError, OverflowError) as err:
             # e.g. an integer past Python's digit limit, a date that does not exist
-            raise RecipeError(self.file, f"unreadable value: {str(err).splitlines()[0][:200]}",
-                              None, node.start_mark.line + 1) from None
+            raise RecipeError(
+                self.file,
+                f"unreadable value: {str(err).splitlines()[0][:200]}",
+                None,
+                node.start_mark.line + 1,
+            ) from None
 
     def build(self, node: yaml.Node, path: KeyPath) -> Any:
         line = node.start_mark.line + 1
         self.count += 1
         if self.count > MAX_NODES:
-            raise BudgetError(f"more than {MAX_NODES} values after expanding aliases (an alias bomb?)", line)
+            raise BudgetError(
+                f"more than {MAX_NODES} values after expanding aliases (an alias bomb?)", line
+            )
         if len(path) > MAX_DEPTH:
-            raise BudgetError(f"nested deeper than {MAX_DEPTH} levels (a self-referencing alias?)", line)
+            raise BudgetError(
+                f"nested deeper than {MAX_DEPTH} levels (a self-referencing alias?)", line
+            )
         self.origins[path] = (self.file, line)
         if isinstance(node, yaml.MappingNode):
             self.loader.flatten_mapping(node)
             out: dict[str, Any] = {}
             for key_node, value_node in node.value:
                 if not isinstance(key_node, yaml.ScalarNode):
-                    raise RecipeError(self.file, "keys must be plain names, not lists or mappings",
-                                      ".".join(map(str, path)) or None, key_node.start_mark.line + 1)
+                    raise RecipeError(
+                        self.file,
+                        "keys must be plain names, not lists or mappings",
+                        ".".join(map(str, path)) or None,
+                        key_node.start_mark.line + 1,
+                    )
                 key = self.scalar(key_node)
                 if not isinstance(key, str):
                     key = str(key)
                 if key in out:
                     raise RecipeError(
-                        self.file, "duplicate key (YAML would silently keep the last one)",
-                        ".".join(map(str, path + (key,))), key_node.start_mark.line + 1,
+                        self.file,
+                        "duplicate key (YAML would silently keep the last one)",
+                        ".".join(map(str, path + (key,))),
+                        key_node.start_mark.line + 1,
                     )
                 out[key] = self.build(value_node, path + (key,))
                 self.origins[path + (key,)] = (self.file, key_node.start_mark.line + 1)
@@ -146,9 +165,13 @@ def read_bounded(file: Path, limit: int = MAX_FILE_BYTES) -> bytes:
         if stat.S_ISDIR(info.st_mode):
             raise RecipeError(file, "is a directory, expected a recipe .yaml file")
         if not stat.S_ISREG(info.st_mode):
-            raise RecipeError(file, "not a regular file (a FIFO, device or socket); expected a recipe .yaml file")
+            raise RecipeError(
+                file, "not a regular file (a FIFO, device or socket); expected a recipe .yaml file"
+            )
         if info.st_size > limit:
-            raise RecipeError(file, f"file is {info.st_size} bytes; recipes are limited to {limit} bytes")
+            raise RecipeError(
+                file, f"file is {info.st_size} bytes; recipes are limited to {limit} bytes"
+            )
         with os.fdopen(os.dup(fd), "rb") as handle:
             raw = handle.read(limit + 1)
     finally:
@@ -172,7 +195,9 @@ def read_yaml_mapping(file: Path) -> tuple[dict[str, Any], dict[KeyPath, Origin]
     if not text.strip() or all(
         not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()
     ):
-        raise RecipeError(file, "empty file, expected a YAML mapping with at least `name` or `extends`")
+        raise RecipeError(
+            file, "empty file, expected a YAML mapping with at least `name` or `extends`"
+        )
     try:
         loader = _BoundedLoader(text)
     except yaml.YAMLError as err:  # the reader refuses control characters at once
@@ -184,8 +209,12 @@ def read_yaml_mapping(file: Path) -> tuple[dict[str, Any], dict[KeyPath, Origin]
             raise RecipeError(file, "empty document, expected a YAML mapping")
         if not isinstance(node, yaml.MappingNode):
             kind = "a list" if isinstance(node, yaml.SequenceNode) else "a single value"
-            raise RecipeError(file, f"top level is {kind}, expected a mapping of recipe keys", None,
-                              node.start_mark.line + 1)
+            raise RecipeError(
+                file,
+                f"top level is {kind}, expected a mapping of recipe keys",
+                None,
+                node.start_mark.line + 1,
+            )
         data = _Builder(loader, file, origins).build(node, ())
     except BudgetError as err:
         raise RecipeError(file, err.message, None, err.line) from None

@@ -79,8 +79,15 @@ class StaticCacheDecoder:
         # as fused attention kernels want; the spare slots are always masked.
         self.capacity = window_for(self.cache_len, 64, self.cache_len + 64)
         dtype = self.weights.embed.dtype
-        self.cache = KVCache(len(self.weights.layers), batch_size, self.weights.kv_heads,
-                             self.capacity, self.weights.head_dim, dtype, self.device)
+        self.cache = KVCache(
+            len(self.weights.layers),
+            batch_size,
+            self.weights.kv_heads,
+            self.capacity,
+            self.weights.head_dim,
+            dtype,
+            self.device,
+        )
         self.cos, self.sin = rope_tables(self.weights, self.capacity, dtype)
         self.slots = torch.arange(self.capacity, device=self.device)
         self.window_bucket = window_bucket
@@ -99,23 +106,45 @@ class StaticCacheDecoder:
         """Call after the model's weights changed in place (the fused copies follow)."""
         self.weights.refresh()
 
-    def _step(self, tokens: torch.Tensor, position: torch.Tensor,
-              window: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return sample_tokens(self._step_logits(tokens, position, window), self.temperature,
-                             self.top_p)
+    def _step(
+        self, tokens: torch.Tensor, position: torch.Tensor, window: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return sample_tokens(
+            self._step_logits(tokens, position, window), self.temperature, self.top_p
+        )
 
-    def _step_logits(self, tokens: torch.Tensor, position: torch.Tensor, window: int) -> torch.Tensor:
+    def _step_logits(
+        self, tokens: torch.Tensor, position: torch.Tensor, window: int
+    ) -> torch.Tensor:
         allowed = None
         if self.window_bucket > 1:  # slots past the current position hold junk or zeros
             allowed = (self.slots[:window] <= position).unsqueeze(0)
-        return forward(self.weights, self.cache, self.cos, self.sin, tokens, position, window,
-                       allowed, self.attention)
+        return forward(
+            self.weights,
+            self.cache,
+            self.cos,
+            self.sin,
+            tokens,
+            position,
+            window,
+            allowed,
+            self.attention,
+        )
 
     def _prefill_logits(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         positions = self.slots[: self.prompt_len]
         causal = positions.unsqueeze(1) >= positions.unsqueeze(0)
-        return forward(self.weights, self.cache, self.cos, self.sin, prompt_ids, positions,
-                       self.prompt_len, causal, self.attention)
+        return forward(
+            self.weights,
+            self.cache,
+            self.cos,
+            self.sin,
+            prompt_ids,
+            positions,
+            self.prompt_len,
+            causal,
+            self.attention,
+        )
 
     def _prefill(self, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return sample_tokens(self._prefill_logits(prompt_ids), self.temperature, self.top_p)
@@ -189,7 +218,9 @@ class StaticCacheDecoder:
         run's own tokens re-scored to bitwise the sampled logprobs)."""
         self._ready(prompt_ids)
         if response_ids.shape[0] != self.batch_size or response_ids.shape[1] > self.max_new:
-            raise ValueError(f"expected at most {self.max_new} response tokens for {self.batch_size} samples")
+            raise ValueError(
+                f"expected at most {self.max_new} response tokens for {self.batch_size} samples"
+            )
         given = response_ids.to(self.device)
         logprobs = torch.zeros(given.shape, dtype=torch.float32, device=self.device)
         logits = self._prefill_logits(prompt_ids.to(self.device))

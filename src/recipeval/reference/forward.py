@@ -86,7 +86,9 @@ def weights_of(model: torch.nn.Module) -> Weights:
             qkv_bias=Fused.of(biases) if all(b is not None for b in biases) else None,
             o_weight=params[p + "self_attn.o_proj.weight"],
             post_norm=params[p + "post_attention_layernorm.weight"],
-            gate_up_weight=Fused.of([params[p + "mlp.gate_proj.weight"], params[p + "mlp.up_proj.weight"]]),
+            gate_up_weight=Fused.of(
+                [params[p + "mlp.gate_proj.weight"], params[p + "mlp.up_proj.weight"]]
+            ),
             down_weight=params[p + "mlp.down_proj.weight"],
         )
 
@@ -105,7 +107,9 @@ def weights_of(model: torch.nn.Module) -> Weights:
     )
 
 
-def rope_tables(weights: Weights, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    weights: Weights, length: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and signed sin for positions 0..length-1, (length, head_dim), computed in float32 and
     cast to the activations' dtype as transformers does. The sin table's first half is negated:
     rotating x is then x * cos + roll(x, half) * sin, exactly transformers'
@@ -126,8 +130,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
-            attention: str) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, attention: str
+) -> torch.Tensor:
     """q (B, Hkv, G*T, D) against k, v (B, Hkv, W, D); allowed (G*T, W) bool or None (all)."""
     scale = q.shape[-1] ** -0.5
     if attention == "sdpa":
@@ -138,9 +143,17 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Te
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
-def forward(weights: Weights, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor,
-            tokens: torch.Tensor, positions: torch.Tensor, window: int,
-            allowed: torch.Tensor | None, attention: str) -> torch.Tensor:
+def forward(
+    weights: Weights,
+    cache: KVCache,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    window: int,
+    allowed: torch.Tensor | None,
+    attention: str,
+) -> torch.Tensor:
     """Logits (B, vocab) of the last of `tokens` (B, T) at `positions` (T,), after writing their
     keys and values into `cache`; attention covers cache slots [0, window), `allowed` (T, window)
     masks them per query (None: every slot)."""

@@ -15,8 +15,16 @@ import torch
 class KVCache:
     """keys and values of shape (layers, batch, kv_heads, max_len, head_dim)."""
 
-    def __init__(self, layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        layers: int,
+        batch: int,
+        kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         shape = (layers, batch, kv_heads, max_len, head_dim)
         # Zeros, not empty: a masked slot still enters attention as 0 x value, and uninitialised
         # memory may hold NaN.
@@ -24,8 +32,9 @@ class KVCache:
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
 
-    def write(self, layer: int, positions: torch.Tensor, keys: torch.Tensor,
-              values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, layer: int, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store (batch, kv_heads, T, head_dim) keys and values at `positions` (T,); returns the
         layer's whole key and value buffers."""
         layer_keys, layer_values = self.keys[layer], self.values[layer]

@@ -126,7 +126,11 @@ class LocalRunner(Runner):
                 env_file.unlink(missing_ok=True)
 
     def _run(
-        self, launch: Launch, env: dict[str, str], on_line: LineSink, timeout: float | None,
+        self,
+        launch: Launch,
+        env: dict[str, str],
+        on_line: LineSink,
+        timeout: float | None,
         stop: threading.Event | None,
     ) -> RunResult:
         started = time.time()
@@ -153,8 +157,12 @@ class LocalRunner(Runner):
             watchdog.wait()
 
     def _follow(
-        self, proc: subprocess.Popen, on_line: LineSink, timeout: float | None,
-        stop: threading.Event | None, started: float,
+        self,
+        proc: subprocess.Popen,
+        on_line: LineSink,
+        timeout: float | None,
+        stop: threading.Event | None,
+        started: float,
     ) -> RunResult:
         tree = ProcessTree(proc)
         deadline = Deadline(timeout)
@@ -205,7 +213,9 @@ def _start_watchdog(leader: int) -> subprocess.Popen:
     signal to our group leaves it to do its work."""
     return subprocess.Popen(
         [sys.executable, "-I", str(WATCHDOG), str(os.getpid()), str(leader)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
 

@@ -71,7 +71,9 @@ def ray_executable() -> str:
     beside = Path(sys.executable).parent / "ray"
     found = str(beside) if beside.exists() else shutil.which("ray")
     if not found:
-        raise RunnerError("the `ray` command is not installed; install ray[default] or use --runner local")
+        raise RunnerError(
+            "the `ray` command is not installed; install ray[default] or use --runner local"
+        )
     return found
 
 
@@ -111,9 +113,17 @@ def start_head(
     temp_dir = tempfile.mkdtemp(prefix="rv-ray-")
     gcs_port, dash_port = free_port(host), free_port(host)
     cmd = [
-        *launcher, ray_executable(), "start", "--head", "--block", "--disable-usage-stats",
-        f"--node-ip-address={host}", f"--port={gcs_port}",
-        "--include-dashboard=true", f"--dashboard-host={host}", f"--dashboard-port={dash_port}",
+        *launcher,
+        ray_executable(),
+        "start",
+        "--head",
+        "--block",
+        "--disable-usage-stats",
+        f"--node-ip-address={host}",
+        f"--port={gcs_port}",
+        "--include-dashboard=true",
+        f"--dashboard-host={host}",
+        f"--dashboard-port={dash_port}",
         f"--dashboard-agent-listen-port={free_port(host)}",
         f"--ray-client-server-port={free_port(host)}",
         f"--temp-dir={temp_dir}",
@@ -129,8 +139,12 @@ def start_head(
     log = state_dir / f"ray-head-{os.getpid()}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True, env=head_env,
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=head_env,
         )
     state = HeadState(
         pid=proc.pid,

@@ -47,7 +47,10 @@ def allocation_nodes(environ: Mapping[str, str]) -> list[str]:
     """Expand SLURM_JOB_NODELIST (`node[01-04]`) with Slurm's own `scontrol show hostnames`."""
     nodelist = environ["SLURM_JOB_NODELIST"]
     proc = subprocess.run(
-        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=False,
+        ["scontrol", "show", "hostnames", nodelist],
+        capture_output=True,
+        text=True,
+        check=False,
         env=dict(environ),
     )
     if proc.returncode != 0:
@@ -64,8 +67,11 @@ def allocation_nodes(environ: Mapping[str, str]) -> list[str]:
 def node_address(node: str, environ: Mapping[str, str]) -> str:
     """The IP of a Slurm node: its NodeAddr (`scontrol show node`), else its name, resolved."""
     proc = subprocess.run(
-        ["scontrol", "show", "node", "--oneliner", node], capture_output=True, text=True,
-        check=False, env=dict(environ),
+        ["scontrol", "show", "node", "--oneliner", node],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(environ),
     )
     fields = dict(w.partition("=")[::2] for w in proc.stdout.split() if "=" in w)
     try:
@@ -128,7 +134,8 @@ def read_cluster(state_dir: Path) -> AllocationCluster | None:
     try:
         data = json.loads((state_dir / CLUSTER_FILE).read_text())
         return AllocationCluster(
-            job_id=data["job_id"], head=ray_head.HeadState(**data["head"]),
+            job_id=data["job_id"],
+            head=ray_head.HeadState(**data["head"]),
             workers=[WorkerStep(**w) for w in data["workers"]],
         )
     except (OSError, ValueError, TypeError, KeyError):
@@ -201,8 +208,11 @@ class SlurmRunner(RayRunner):
         self.state_dir = Path(environ.get("TMPDIR", "/tmp")) / f"recipeval-slurm-{job}"
         with ray_head.locked(self.state_dir):
             recorded = read_cluster(self.state_dir)
-            if recorded is not None and recorded.dead() is None \
-                    and ray_head.dashboard_ready(recorded.head.dashboard):
+            if (
+                recorded is not None
+                and recorded.dead() is None
+                and ray_head.dashboard_ready(recorded.head.dashboard)
+            ):
                 self.cluster, self.reused = recorded, True
             else:
                 if recorded is not None:
@@ -213,15 +223,24 @@ class SlurmRunner(RayRunner):
     def _start_cluster(self, environ: Mapping[str, str], job: str, join_timeout: float) -> None:
         (self.state_dir / CLUSTER_FILE).unlink(missing_ok=True)
         head = ray_head.start_head(
-            self.state_dir, host=node_address(self.nodes[0], environ), num_gpus=self.gpus,
-            node_name=self.nodes[0], launcher=_step(self.nodes[0]), env=environ,
+            self.state_dir,
+            host=node_address(self.nodes[0], environ),
+            num_gpus=self.gpus,
+            node_name=self.nodes[0],
+            launcher=_step(self.nodes[0]),
+            env=environ,
         )
         self.cluster = AllocationCluster(job_id=job, head=head)
         try:
             for node in self.nodes[1:]:
                 self.cluster.workers.append(self._start_worker(node, environ))
-            wait_for_nodes(head.dashboard, self.nodes, self.gpus * len(self.nodes), join_timeout,
-                           self.cluster.dead)
+            wait_for_nodes(
+                head.dashboard,
+                self.nodes,
+                self.gpus * len(self.nodes),
+                join_timeout,
+                self.cluster.dead,
+            )
         except BaseException:
             stop_cluster(self.cluster)
             self.cluster = None
@@ -231,18 +250,32 @@ class SlurmRunner(RayRunner):
     def _start_worker(self, node: str, environ: Mapping[str, str]) -> WorkerStep:
         assert self.cluster is not None
         cmd = [
-            *_step(node), ray_head.ray_executable(), "start", "--block",
-            "--disable-usage-stats", f"--address={self.cluster.head.gcs}",
-            f"--num-gpus={self.gpus}", f"--node-name={node}",
+            *_step(node),
+            ray_head.ray_executable(),
+            "start",
+            "--block",
+            "--disable-usage-stats",
+            f"--address={self.cluster.head.gcs}",
+            f"--num-gpus={self.gpus}",
+            f"--node-name={node}",
         ]
         log = self.state_dir / f"ray-worker-{node}.log"
         with open(log, "wb") as out:
             # Its own session: stopping this stage's process group leaves the step to its runner.
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=dict(environ))
-        return WorkerStep(node=node, pid=proc.pid,
-                          create_time=psutil.Process(proc.pid).create_time(), log=str(log))
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=dict(environ),
+            )
+        return WorkerStep(
+            node=node,
+            pid=proc.pid,
+            create_time=psutil.Process(proc.pid).create_time(),
+            log=str(log),
+        )
 
     def run(
         self,
@@ -278,8 +311,10 @@ class SlurmRunner(RayRunner):
             watcher.join()
         if dead:
             self._broken = dead[0]
-            raise RunnerError(f"Ray cluster of Slurm job {cluster.job_id} broke during the run: "
-                              f"{dead[0]}; {result.detail or 'job ended'}")
+            raise RunnerError(
+                f"Ray cluster of Slurm job {cluster.job_id} broke during the run: "
+                f"{dead[0]}; {result.detail or 'job ended'}"
+            )
         return result
 
     def describe(self) -> dict[str, object]:
@@ -304,7 +339,10 @@ class SlurmRunner(RayRunner):
 
 
 def wait_for_nodes(
-    dashboard: str, nodes: list[str], gpus: int, timeout: float,
+    dashboard: str,
+    nodes: list[str],
+    gpus: int,
+    timeout: float,
     exited: Callable[[], str | None] = lambda: None,
 ) -> None:
     """Block until every node is ALIVE in Ray and the GPU total is reached; else name what is

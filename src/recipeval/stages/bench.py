@@ -113,6 +113,8 @@ def precision_check(est: SteadyEstimate, rule: StoppingRule, on_max_steps: str) 
     )
     if ok:
         message = f"{where}: interval {iv.rel_width:.2%} of the value (limit {rule.rel_ci:.2%})"
+    elif est.trending:
+        message = f"{where}: {est.not_steady}"
     elif est.used < rule.min_steps:
         message = f"{where}: fewer than min_steps {rule.min_steps} steady steps"
     else:

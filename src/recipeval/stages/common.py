@@ -155,7 +155,8 @@ class LogSink:
 
 
 def parsed_log(parser: LogParser) -> ParsedLog:
-    return ParsedLog(parser.table(), parser.lines, list(parser.malformed))
+    """The parse so far: the rollout table, the optimizer-step table and the per-kind counts."""
+    return ParsedLog.of(parser)
 
 
 def read_log(parser: LogParser, path: Path) -> ParsedLog:
@@ -249,6 +250,9 @@ def run_summary(outcome: StageRun) -> dict[str, Any]:
         "rollouts_parsed": len(outcome.steps),
         "log_lines": outcome.parsed.lines,
         "malformed_lines": outcome.parsed.malformed_count,
+        # Metric lines recognised and dropped, per kind: nothing vanishes silently.
+        "metric_lines": outcome.parsed.counts,
+        "steps_per_rollout": outcome.parsed.steps_per_rollout,
     }
 
 

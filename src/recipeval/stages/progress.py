@@ -65,8 +65,9 @@ class StageProgress:
     """Call `update(steps, precision)` whenever the step table changed; a line (or the bar)
     moves only when a rollout finished."""
 
-    def __init__(self, stage: str, recipe: str, total: int | None,
-                 stream: TextIO | None = None) -> None:
+    def __init__(
+        self, stage: str, recipe: str, total: int | None, stream: TextIO | None = None
+    ) -> None:
         self.stage, self.recipe, self.total = stage, recipe, total
         self.stream = stream or sys.stderr
         self.done = 0
@@ -78,9 +79,14 @@ class StageProgress:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
-                                 console=Console(file=self.stream), transient=False)
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[detail]}"),
+                console=Console(file=self.stream),
+                transient=False,
+            )
             self._task = self._bar.add_task(f"{stage} {recipe}", total=total, detail="starting")
             self._bar.start()
 
@@ -94,7 +100,9 @@ class StageProgress:
         self.done, self.last = done, now
         detail = self._detail(precision)
         if self._bar is not None:
-            total = self.total if precision is None else self.done + steps_left(precision, self.done)
+            total = (
+                self.total if precision is None else self.done + steps_left(precision, self.done)
+            )
             self._bar.update(self._task, completed=self.done, total=total, detail=detail)
             return detail
         of = f"/{self.total}" if self.total else ""
@@ -107,8 +115,11 @@ class StageProgress:
         step = sum(recent) / len(recent)
         parts = [f"{step:.1f} s a step"]
         if precision is not None:
-            width = ("not formed yet" if not math.isfinite(precision.rel_width)
-                     else f"{precision.rel_width:.1%}")
+            width = (
+                "not formed yet"
+                if not math.isfinite(precision.rel_width)
+                else f"{precision.rel_width:.1%}"
+            )
             parts.append(f"interval {width} (rel_ci {precision.rel_ci * 100:g} %)")
             left = steps_left(precision, self.done)
         else:

@@ -17,7 +17,9 @@ def log_parser(resolved: Resolved | None) -> MilesLogParser:
     parser needs pandas, which rendering does not.)"""
     from recipeval.engines.miles.logparse import MilesLogParser
 
-    return MilesLogParser()
+    steps = resolved.arg("num-steps-per-rollout") if resolved is not None else None
+    given = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1 else None
+    return MilesLogParser(steps_per_rollout=given)
 
 
 ENGINE = Engine(

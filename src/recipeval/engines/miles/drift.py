@@ -44,12 +44,16 @@ class DriftReport:
         return {**asdict(self), "drifted": self.drifted}
 
     def lines(self) -> list[str]:
-        head = (f"{self.recipe}: upstream {self.upstream_commit[:12]} vs source "
-                f"{self.source_commit[:12]} ({self.script} {' '.join(self.args)})")
+        head = (
+            f"{self.recipe}: upstream {self.upstream_commit[:12]} vs source "
+            f"{self.source_commit[:12]} ({self.script} {' '.join(self.args)})"
+        )
         if not self.differences:
             return [f"{head}: no drift"]
-        return [f"{head}: {len(self.differences)} difference(s)",
-                *(f"  {d.line()}" for d in self.differences)]
+        return [
+            f"{head}: {len(self.differences)} difference(s)",
+            *(f"  {d.line()}" for d in self.differences),
+        ]
 
 
 def rendered_for_comparison(resolved: Resolved) -> tuple[list[str], dict[str, str]]:
@@ -82,8 +86,9 @@ def _label(d: Difference) -> str:
     return f"--{d.name}" if d.kind == "flag" else d.name
 
 
-def configured_checkout(resolved: Resolved, environ: Mapping[str, str],
-                        explicit: Path | None = None) -> Path | None:
+def configured_checkout(
+    resolved: Resolved, environ: Mapping[str, str], explicit: Path | None = None
+) -> Path | None:
     """The miles checkout to re-record from: `explicit`, else MILES_DIR, else the recipe's
     paths.miles, when that directory is a miles checkout here."""
     for candidate in (explicit, environ.get("MILES_DIR"), resolved.recipe.paths.miles):
@@ -100,8 +105,10 @@ def drift(resolved: Resolved, checkout: Path) -> DriftReport:
     """Re-record the recipe's `source` launch from `checkout` and compare."""
     source = resolved.recipe.source
     if source is None:
-        raise RecordError(f"recipe {resolved.recipe.name} has no `source:` block naming the "
-                          "miles launch it describes; add one (recipeval import miles writes it)")
+        raise RecordError(
+            f"recipe {resolved.recipe.name} has no `source:` block naming the "
+            "miles launch it describes; add one (recipeval import miles writes it)"
+        )
     return compare(resolved, record_launch(checkout, source.script, list(source.args)))
 
 
@@ -110,20 +117,28 @@ class DriftInputError(Exception):
     cannot be recorded or read, a setting render refuses."""
 
 
-def drift_for_recipe(loaded: LoadedRecipe, environ: Mapping[str, str], miles: Path | None = None,
-                     against: Path | None = None) -> DriftReport:
+def drift_for_recipe(
+    loaded: LoadedRecipe,
+    environ: Mapping[str, str],
+    miles: Path | None = None,
+    against: Path | None = None,
+) -> DriftReport:
     """Drift of one loaded recipe: against a recorded launch file, else re-recorded from the
     checkout (`miles`, else MILES_DIR, else paths.miles)."""
     resolved = resolve(loaded.recipe, None, None)
     if resolved.recipe.engine != "miles":
-        raise DriftInputError(f"engine is {resolved.recipe.engine}; drift compares miles recipes only")
+        raise DriftInputError(
+            f"engine is {resolved.recipe.engine}; drift compares miles recipes only"
+        )
     try:
         if against is not None:
             return compare(resolved, Recording.load(against))
         checkout = configured_checkout(resolved, environ, miles)
         if checkout is None:
-            raise DriftInputError(f"no miles checkout here: pass --miles DIR or set MILES_DIR "
-                                  f"(paths.miles is {resolved.recipe.paths.miles!r})")
+            raise DriftInputError(
+                f"no miles checkout here: pass --miles DIR or set MILES_DIR "
+                f"(paths.miles is {resolved.recipe.paths.miles!r})"
+            )
         return drift(resolved, checkout)
     except (RecordError, OSError, ValueError, TypeError, KeyError) as err:
         raise DriftInputError(str(err)) from err

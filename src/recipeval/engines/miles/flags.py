@@ -74,8 +74,9 @@ def _show(value: FlagValue | None) -> str:
     return repr(value)
 
 
-def differences(kind: Literal["flag", "env"], expected: dict[str, FlagValue],
-                actual: dict[str, FlagValue]) -> list[Difference]:
+def differences(
+    kind: Literal["flag", "env"], expected: dict[str, FlagValue], actual: dict[str, FlagValue]
+) -> list[Difference]:
     """What `actual` adds, lacks and changes relative to `expected`, in a stable order."""
     out = []
     for name in dict.fromkeys([*expected, *actual]):
@@ -88,8 +89,12 @@ def differences(kind: Literal["flag", "env"], expected: dict[str, FlagValue],
     return out
 
 
-def launch_differences(expected_entrypoint: list[str], expected_env: dict[str, str],
-                       actual_entrypoint: list[str], actual_env: dict[str, str]) -> list[Difference]:
+def launch_differences(
+    expected_entrypoint: list[str],
+    expected_env: dict[str, str],
+    actual_entrypoint: list[str],
+    actual_env: dict[str, str],
+) -> list[Difference]:
     """Flag by flag over the training command, then env var by env var over the job's env."""
     return [
         *differences("flag", parse_flags(expected_entrypoint), parse_flags(actual_entrypoint)),

@@ -19,9 +19,17 @@ from recipeval.engines.miles.record import MILES_PLACEHOLDER, RecordError, Recor
 from recipeval.recipe.load import DERIVED_FLAGS
 
 # Env vars miles' launcher sets itself (render sets the same ones); not recipe settings.
-LAUNCHER_ENV = ("PYTHONUNBUFFERED", "CUDA_DEVICE_MAX_CONNECTIONS", "no_proxy", "MASTER_ADDR",
-                "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_DEBUG_FILE",
-                "PYTHONPATH")
+LAUNCHER_ENV = (
+    "PYTHONUNBUFFERED",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "no_proxy",
+    "MASTER_ADDR",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_DEBUG",
+    "NCCL_DEBUG_FILE",
+    "PYTHONPATH",
+)
 _BOOL_KEYS = {"parallel.sequence_parallel"}
 _INT = re.compile(r"^-?[0-9]+$")
 
@@ -30,13 +38,16 @@ class ImportProblem(Exception):
     """The launch cannot be written as a recipe (the message says why and what to do)."""
 
 
-def recipe_from_recording(rec: Recording, name: str, platform: str,
-                          gpu: str | None = None) -> dict[str, Any]:
+def recipe_from_recording(
+    rec: Recording, name: str, platform: str, gpu: str | None = None
+) -> dict[str, Any]:
     """The full recipe (as a YAML-ready mapping) that renders `rec`'s launch."""
     program, words = rec.entrypoint[:2], rec.entrypoint[2:]
     if program != ["python3", f"{MILES_PLACEHOLDER}/train.py"]:
-        raise ImportProblem(f"the launch runs {' '.join(program)}; recipeval renders "
-                            "`python3 <miles>/train.py` only")
+        raise ImportProblem(
+            f"the launch runs {' '.join(program)}; recipeval renders "
+            "`python3 <miles>/train.py` only"
+        )
     cut = len(words) - rec.train_words if rec.train_words is not None else 0
     model_section, train_section = parse_flags(words[:cut]), parse_flags(words[cut:])
     for flag in train_section:
@@ -61,7 +72,8 @@ def recipe_from_recording(rec: Recording, name: str, platform: str,
         "cluster": {**cluster, **({"gpu": gpu} if gpu else {})},
         "model": {
             # the checkpoint's folder names the model (miles writes a missing one as None)
-            "name": Path(hf).name if isinstance(hf, str) and hf != "None"
+            "name": Path(hf).name
+            if isinstance(hf, str) and hf != "None"
             else rec.megatron_model_type or name,
             **({"megatron_model_type": rec.megatron_model_type} if rec.megatron_model_type else {}),
             **model,
@@ -88,8 +100,10 @@ def _set_structured(out: dict[str, Any], flag: str, value: FlagValue) -> None:
         raise ImportProblem(f"--{flag} {value!r}: expected a whole number for {key}")
     previous = out.setdefault(section, {}).get(field_name)
     if previous is not None and previous != parsed:
-        raise ImportProblem(f"--{flag} {value} disagrees with another flag that sets {key} "
-                            f"({previous}); a recipe has one {key}")
+        raise ImportProblem(
+            f"--{flag} {value} disagrees with another flag that sets {key} "
+            f"({previous}); a recipe has one {key}"
+        )
     out[section][field_name] = parsed
     out.setdefault("_flags", {})[flag] = parsed
 
@@ -99,8 +113,10 @@ def _positions(model: dict[str, Any], model_flags: dict[str, FlagValue]) -> int 
     its factor is that range."""
     if model.pop("max_position_embeddings", None) is not None:
         return None
-    original, factor = model_flags.get("original-max-position-embeddings"), model_flags.get(
-        "rotary-scaling-factor")
+    original, factor = (
+        model_flags.get("original-max-position-embeddings"),
+        model_flags.get("rotary-scaling-factor"),
+    )
     if isinstance(original, str) and isinstance(factor, str):
         try:
             return int(int(original) * float(factor))
@@ -116,8 +132,9 @@ def _megatron_path(rec: Recording) -> str | None:
 
 def recipe_env(rec: Recording) -> dict[str, str]:
     """The job's env vars less what the launcher sets itself and what a node probe decides."""
-    env = {k: v for k, v in rec.runtime_env.items()
-           if k not in LAUNCHER_ENV and k not in rec.probed}
+    env = {
+        k: v for k, v in rec.runtime_env.items() if k not in LAUNCHER_ENV and k not in rec.probed
+    }
     extra_path = rec.runtime_env.get("PYTHONPATH", "").split(":")[2:]
     if extra_path:
         env["PYTHONPATH"] = ":".join(extra_path)
@@ -125,8 +142,12 @@ def recipe_env(rec: Recording) -> dict[str, str]:
 
 
 def source_block(rec: Recording) -> dict[str, Any]:
-    block: dict[str, Any] = {"repo": rec.repo, "commit": rec.commit, "script": rec.script,
-                             "args": list(rec.args)}
+    block: dict[str, Any] = {
+        "repo": rec.repo,
+        "commit": rec.commit,
+        "script": rec.script,
+        "args": list(rec.args),
+    }
     if rec.probed:
         block["probed"] = dict(rec.probed)
     return block
@@ -200,16 +221,21 @@ class _RecipeDumper(yaml.SafeDumper):
 
 
 _RecipeDumper.add_representer(
-    list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+    list,
+    lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True),
 )
 
 
 def recipe_yaml(recipe: dict[str, Any], rec: Recording, extends: str | None) -> str:
     data = {"name": recipe.pop("name"), **({"extends": extends} if extends else {}), **recipe}
-    header = (f"# Imported by `recipeval import miles` from {rec.repo}@{rec.commit[:12]}:\n"
-              f"#   {rec.script} {' '.join(rec.args)}\n")
-    probed = "".join(f"# {k} is decided on the node by a probe ({v}); not frozen here.\n"
-                     for k, v in rec.probed.items())
+    header = (
+        f"# Imported by `recipeval import miles` from {rec.repo}@{rec.commit[:12]}:\n"
+        f"#   {rec.script} {' '.join(rec.args)}\n"
+    )
+    probed = "".join(
+        f"# {k} is decided on the node by a probe ({v}); not frozen here.\n"
+        for k, v in rec.probed.items()
+    )
     body = yaml.dump(data, Dumper=_RecipeDumper, sort_keys=False, width=100, allow_unicode=True)
     return header + probed + body
 
@@ -251,12 +277,15 @@ def import_recipe(request: ImportRequest) -> ImportResult:
     if request.extends is None and "max_position_embeddings" not in recipe["model"]:
         raise ImportProblem(
             f"{script}: the launch does not say how many positions the model takes (miles reads "
-            "it from the checkpoint); pass --extends BASE with model.max_position_embeddings")
+            "it from the checkpoint); pass --extends BASE with model.max_position_embeddings"
+        )
     extends = None
     if request.extends is not None:
         base = merged_mapping(request.extends)
         if (base.get("model") or {}).get("name") and recipe["model"]["name"] in (
-                rec.megatron_model_type, name):
+            rec.megatron_model_type,
+            name,
+        ):
             recipe["model"].pop("name")  # only a fallback: the base's own name stands
         recipe = diff_against_base(recipe, base)
         extends = relative_extends(request.extends, request.out)

@@ -50,9 +50,19 @@ NUMBER_WRAPPERS = re.compile(r"^(?:(?:np|numpy)\.(?:float\d*|u?int\d*|bool_?)|te
 # Python parser reads; it says nothing about the value.
 GRAD_FN = re.compile(r",\s*grad_fn=<\w+>")
 NAMED_CONSTANTS = {
-    "nan": math.nan, "NaN": math.nan, "inf": math.inf, "infinity": math.inf, "Infinity": math.inf,
-    "np.nan": math.nan, "np.inf": math.inf, "numpy.nan": math.nan, "numpy.inf": math.inf,
-    "np.True_": True, "np.False_": False, "numpy.True_": True, "numpy.False_": False,
+    "nan": math.nan,
+    "NaN": math.nan,
+    "inf": math.inf,
+    "infinity": math.inf,
+    "Infinity": math.inf,
+    "np.nan": math.nan,
+    "np.inf": math.inf,
+    "numpy.nan": math.nan,
+    "numpy.inf": math.inf,
+    "np.True_": True,
+    "np.False_": False,
+    "numpy.True_": True,
+    "numpy.False_": False,
 }
 
 
@@ -97,8 +107,9 @@ def metric_message(message: str) -> MetricMessage | None:
     match = METRIC_MESSAGE.match(message.strip())
     if match is None:
         return None
-    return MetricMessage(match.group("role"), match.group("kind"), int(match.group("id")),
-                         match.group("body"))
+    return MetricMessage(
+        match.group("role"), match.group("kind"), int(match.group("id")), match.group("body")
+    )
 
 
 def continuation(line: str) -> str | None:
@@ -149,11 +160,17 @@ class _Literals(ast.NodeTransformer):
     def visit_Call(self, node: ast.Call) -> ast.AST:
         name = ast.unparse(node.func)
         # torch's repr adds device=/dtype=/requires_grad=; they say nothing about the value
-        if NUMBER_WRAPPERS.match(name) and len(node.args) == 1 and (name == "tensor" or not node.keywords):
+        if (
+            NUMBER_WRAPPERS.match(name)
+            and len(node.args) == 1
+            and (name == "tensor" or not node.keywords)
+        ):
             arg = self.visit(node.args[0])
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                 # float('nan'), float('inf')
-                return ast.copy_location(ast.Constant(NAMED_CONSTANTS.get(arg.value.lower(), arg.value)), node)
+                return ast.copy_location(
+                    ast.Constant(NAMED_CONSTANTS.get(arg.value.lower(), arg.value)), node
+                )
             return arg
         return node
 

@@ -150,7 +150,9 @@ class MilesLogParser:
     lines: int = 0
     # per rollout id: values of its own lines, the time of its latest line (eval left out) and
     # of the trainer's perf line that closes it
-    _rollout_metrics: dict[int, dict[str, float]] = field(default_factory=dict, init=False, repr=False)
+    _rollout_metrics: dict[int, dict[str, float]] = field(
+        default_factory=dict, init=False, repr=False
+    )
     _latest: dict[int, pd.Timestamp] = field(default_factory=dict, init=False, repr=False)
     _closed_at: dict[int, pd.Timestamp] = field(default_factory=dict, init=False, repr=False)
     # per optimizer step id: values, time of its line, the rollout it was logged under
@@ -170,7 +172,9 @@ class MilesLogParser:
 
     def __post_init__(self) -> None:
         if self.steps_per_rollout is not None and self.steps_per_rollout < 1:
-            raise ValueError(f"steps_per_rollout must be a positive integer, not {self.steps_per_rollout}")
+            raise ValueError(
+                f"steps_per_rollout must be a positive integer, not {self.steps_per_rollout}"
+            )
 
     def feed(self, line: str) -> int | None:
         """Take one physical log line; returns the rollout id it updated, if any (for a step
@@ -213,8 +217,10 @@ class MilesLogParser:
         if self._pending is not None:
             label = self._pending.message.label
             dropped[label] = dropped.get(label, 0) + 1
-        return {kind: {"recognised": self._recognised.get(kind, 0), "dropped": dropped.get(kind, 0)}
-                for kind in sorted({*self._recognised, *dropped})}
+        return {
+            kind: {"recognised": self._recognised.get(kind, 0), "dropped": dropped.get(kind, 0)}
+            for kind in sorted({*self._recognised, *dropped})
+        }
 
     def _record(self, record: str) -> int | None:
         stamp, message = read_header(record)
@@ -239,8 +245,9 @@ class MilesLogParser:
                 self._drop_pending()
             return None
         self._pending = None
-        return self._metric(pending.message, body, pending.stamp, "\n".join(pending.text),
-                            pending.line_number)
+        return self._metric(
+            pending.message, body, pending.stamp, "\n".join(pending.text), pending.line_number
+        )
 
     def _drop_pending(self) -> None:
         pending = self._pending
@@ -253,9 +260,17 @@ class MilesLogParser:
     def _count(counter: dict[str, int], label: str) -> None:
         counter[label] = counter.get(label, 0) + 1
 
-    def _metric(self, message: MetricMessage, body: str, stamp: pd.Timestamp | None,
-                record: str, line_number: int | None = None) -> int | None:
-        known = message.kind == STEP_KIND or (message.role is None and message.kind in ROLLOUT_KINDS)
+    def _metric(
+        self,
+        message: MetricMessage,
+        body: str,
+        stamp: pd.Timestamp | None,
+        record: str,
+        line_number: int | None = None,
+    ) -> int | None:
+        known = message.kind == STEP_KIND or (
+            message.role is None and message.kind in ROLLOUT_KINDS
+        )
         if not known:
             self._count(self._dropped, message.label)
             return None
@@ -286,8 +301,9 @@ class MilesLogParser:
         # the rollout it was logged under; inferring k on every line would cost O(steps)
         return self._step_rollouts.get(step, step // self._inferred[1])
 
-    def _rollout_line(self, kind: str, rollout_id: int, values: dict[str, float],
-                      stamp: pd.Timestamp | None) -> int:
+    def _rollout_line(
+        self, kind: str, rollout_id: int, values: dict[str, float], stamp: pd.Timestamp | None
+    ) -> int:
         row = self._rollout_metrics.setdefault(rollout_id, {})
         # logged once per rollout id: a repeat (Ray repeats lines) folds into the value so far
         for key, value in values.items():
@@ -325,10 +341,22 @@ class MilesLogParser:
         per_rollout = self.steps_per_rollout_in_use()
         ids = sorted(self._step_metrics)
         frame = _metric_frame(self._step_metrics, ids)
-        frame.insert(0, TIMESTAMP, pd.to_datetime(pd.Series(
-            [self._step_stamps.get(i, pd.NaT) for i in ids], index=frame.index, dtype="object")))
-        frame.insert(0, ROLLOUT_ID, pd.Series([i // per_rollout for i in ids], index=frame.index,
-                                              dtype="int64"))
+        frame.insert(
+            0,
+            TIMESTAMP,
+            pd.to_datetime(
+                pd.Series(
+                    [self._step_stamps.get(i, pd.NaT) for i in ids],
+                    index=frame.index,
+                    dtype="object",
+                )
+            ),
+        )
+        frame.insert(
+            0,
+            ROLLOUT_ID,
+            pd.Series([i // per_rollout for i in ids], index=frame.index, dtype="int64"),
+        )
         frame.index = pd.Index(ids, name=OPTIMIZER_STEP, dtype="int64")
         return frame.reset_index()
 
@@ -339,11 +367,13 @@ class MilesLogParser:
         rolled = _rollup_steps(self._step_metrics, per_rollout)
         ids = sorted({*self._rollout_metrics, *rolled})
         # a key both kinds log (none in miles or slime) is taken from the per-rollout line
-        frame = _metric_frame({i: {**rolled.get(i, {}), **self._rollout_metrics.get(i, {})}
-                               for i in ids}, ids)
+        frame = _metric_frame(
+            {i: {**rolled.get(i, {}), **self._rollout_metrics.get(i, {})} for i in ids}, ids
+        )
         frame.index = pd.Index(ids, name=ROLLOUT_ID, dtype="int64")
-        ends = pd.to_datetime(pd.Series(self._end_times(ids, per_rollout), index=frame.index,
-                                        dtype="object"))
+        ends = pd.to_datetime(
+            pd.Series(self._end_times(ids, per_rollout), index=frame.index, dtype="object")
+        )
         frame.insert(0, CYCLE_TIME, _cycle_times(frame, ends))
         frame.insert(0, TIMESTAMP, ends)
         return frame.reset_index()
@@ -358,13 +388,16 @@ class MilesLogParser:
 
 
 def _metric_frame(metrics: dict[int, dict[str, float]], ids: list[int]) -> pd.DataFrame:
-    frame = pd.DataFrame.from_dict({i: metrics.get(i, {}) for i in ids}, orient="index",
-                                   dtype="float64")
+    frame = pd.DataFrame.from_dict(
+        {i: metrics.get(i, {}) for i in ids}, orient="index", dtype="float64"
+    )
     frame = frame.reindex(index=ids, columns=sorted(frame.columns))
     return frame.astype("float64")
 
 
-def _rollup_steps(metrics: dict[int, dict[str, float]], per_rollout: int) -> dict[int, dict[str, float]]:
+def _rollup_steps(
+    metrics: dict[int, dict[str, float]], per_rollout: int
+) -> dict[int, dict[str, float]]:
     """The optimizer steps folded to one row per rollout id, each key as ROLLUP says, over
     the steps that logged it (a nan or inf among them stays in a mean: never hidden)."""
     logged: dict[int, dict[str, list[float]]] = {}
@@ -372,8 +405,10 @@ def _rollup_steps(metrics: dict[int, dict[str, float]], per_rollout: int) -> dic
         row = logged.setdefault(step // per_rollout, {})
         for key, value in metrics[step].items():
             row.setdefault(key, []).append(value)
-    return {rollout_id: {key: _fold(rollup(STEP_KIND, key), values) for key, values in row.items()}
-            for rollout_id, row in logged.items()}
+    return {
+        rollout_id: {key: _fold(rollup(STEP_KIND, key), values) for key, values in row.items()}
+        for rollout_id, row in logged.items()
+    }
 
 
 def _fold(how: str, values: list[float]) -> float:
@@ -388,7 +423,9 @@ def _fold(how: str, values: list[float]) -> float:
 def _cycle_times(frame: pd.DataFrame, ends: pd.Series) -> pd.Series:
     consecutive = pd.Series(frame.index.to_numpy(), index=frame.index).diff() == 1
     cycle = ends.diff().dt.total_seconds().where(consecutive & ends.shift().notna())
-    measured = frame[STEP_TIME] if STEP_TIME in frame.columns else pd.Series(math.nan, index=frame.index)
+    measured = (
+        frame[STEP_TIME] if STEP_TIME in frame.columns else pd.Series(math.nan, index=frame.index)
+    )
     if all(part in frame.columns for part in STEP_TIME_PARTS):
         measured = measured.fillna(frame[list(STEP_TIME_PARTS)].sum(axis=1, min_count=2))
     return cycle.where(ends.notna(), measured).astype("float64")
@@ -409,8 +446,14 @@ class ParsedLog:
 
     @classmethod
     def of(cls, parser: MilesLogParser) -> ParsedLog:
-        return cls(parser.table(), parser.lines, parser.malformed, parser.optimizer_steps(),
-                   parser.counts, parser.steps_per_rollout_in_use())
+        return cls(
+            parser.table(),
+            parser.lines,
+            parser.malformed,
+            parser.optimizer_steps(),
+            parser.counts,
+            parser.steps_per_rollout_in_use(),
+        )
 
 
 def parse_lines(lines: Iterable[str], steps_per_rollout: int | None = None) -> ParsedLog:

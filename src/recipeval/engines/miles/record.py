@@ -59,7 +59,7 @@ class Recording:
 
     @property
     def entrypoint(self) -> list[str]:
-        return self.argv[self.argv.index("--") + 1:]
+        return self.argv[self.argv.index("--") + 1 :]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -88,8 +88,9 @@ def git_repo(checkout: Path) -> str:
 
 
 def _git(checkout: Path, *args: str) -> str:
-    proc = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True,
-                          check=False)
+    proc = subprocess.run(
+        ["git", "-C", str(checkout), *args], capture_output=True, text=True, check=False
+    )
     if proc.returncode != 0:
         raise RecordError(f"{checkout}: git {' '.join(args)} failed: {proc.stderr.strip()}")
     return proc.stdout.strip()
@@ -104,8 +105,13 @@ def find_checkout(start: Path) -> Path | None:
     return next((d for d in (start, *start.parents) if is_checkout(d)), None)
 
 
-def record_launch(checkout: Path, script: str, args: list[str], python: str | None = None,
-                  commit: str | None = None) -> Recording:
+def record_launch(
+    checkout: Path,
+    script: str,
+    args: list[str],
+    python: str | None = None,
+    commit: str | None = None,
+) -> Recording:
     """Run `script args` from `checkout` with the recorder and return its launch. `commit`:
     the commit an exported tree (no .git) was taken from."""
     checkout = checkout.resolve()
@@ -133,14 +139,18 @@ def record_launch(checkout: Path, script: str, args: list[str], python: str | No
         probed=probed,
         megatron_model_type=calls[-1]["megatron_model_type"] if calls else None,
         train_words=train_words,
-        commands=[_placeholder(str(c["cmd"]), checkout) for c in runs[0]["commands"]
-                  if "ray job submit" not in str(c["cmd"])],
+        commands=[
+            _placeholder(str(c["cmd"]), checkout)
+            for c in runs[0]["commands"]
+            if "ray job submit" not in str(c["cmd"])
+        ],
         stand_ins=result["stand_ins"],
     )
 
 
-def record_at_commit(checkout: Path, commit: str, script: str, args: list[str],
-                     repo: str | None = None) -> Recording:
+def record_at_commit(
+    checkout: Path, commit: str, script: str, args: list[str], repo: str | None = None
+) -> Recording:
     """Record from `commit` of the git checkout: the checkout itself when it is there, else that
     commit's tree exported to a temporary folder (`git archive`; the checkout is not touched)."""
     full = _git(checkout, "rev-parse", "--verify", f"{commit}^{{commit}}")
@@ -148,10 +158,15 @@ def record_at_commit(checkout: Path, commit: str, script: str, args: list[str],
         rec = record_launch(checkout, script, args)
         rec.repo = repo or rec.repo
         return rec
-    archive = subprocess.run(["git", "-C", str(checkout), "archive", "--format=tar", full],
-                             capture_output=True, check=False)
+    archive = subprocess.run(
+        ["git", "-C", str(checkout), "archive", "--format=tar", full],
+        capture_output=True,
+        check=False,
+    )
     if archive.returncode != 0:
-        raise RecordError(f"{checkout}: git archive {full} failed: {archive.stderr.decode().strip()}")
+        raise RecordError(
+            f"{checkout}: git archive {full} failed: {archive.stderr.decode().strip()}"
+        )
     with tempfile.TemporaryDirectory(prefix="recipeval-miles-") as tree:
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(tree, filter="data")
@@ -164,33 +179,52 @@ def _run_driver(checkout: Path, script: str, args: list[str], python: str) -> di
     with tempfile.TemporaryDirectory(prefix="recipeval-record-") as tmp:
         request = Path(tmp) / "request.json"
         out = Path(tmp) / "recorded.json"
-        request.write_text(json.dumps({
-            "miles_dir": str(checkout), "script": script, "args": args,
-            "probe_answers": list(PROBE_ANSWERS), "out": str(out),
-        }))
+        request.write_text(
+            json.dumps(
+                {
+                    "miles_dir": str(checkout),
+                    "script": script,
+                    "args": args,
+                    "probe_answers": list(PROBE_ANSWERS),
+                    "out": str(out),
+                }
+            )
+        )
         # A bare environment: nothing of this shell (MASTER_ADDR, NCCL_*, a W&B key, miles'
         # MILES_SCRIPT_* options) may change or leak into the recorded launch.
         env = {"PATH": os.defpath, "HOME": tmp, "LANG": "C.UTF-8"}
         try:
             # -B: no __pycache__ written into the checkout
-            proc = subprocess.run([python, "-I", "-B", str(DRIVER), str(request)], env=env, cwd=tmp,
-                                  capture_output=True, text=True, timeout=RECORD_TIMEOUT_S,
-                                  check=False)
+            proc = subprocess.run(
+                [python, "-I", "-B", str(DRIVER), str(request)],
+                env=env,
+                cwd=tmp,
+                capture_output=True,
+                text=True,
+                timeout=RECORD_TIMEOUT_S,
+                check=False,
+            )
         except subprocess.TimeoutExpired as err:
             raise RecordError(f"{script} did not finish within {RECORD_TIMEOUT_S} s") from err
         if proc.returncode != 0 or not out.is_file():
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-            raise RecordError(f"{script} {shlex.join(args)} failed while building its launch:\n{tail}")
+            raise RecordError(
+                f"{script} {shlex.join(args)} failed while building its launch:\n{tail}"
+            )
         return json.loads(out.read_text())
 
 
-def _launch(run: dict[str, Any], checkout: Path) -> tuple[list[str], dict[str, str], dict[str, str]]:
+def _launch(
+    run: dict[str, Any], checkout: Path
+) -> tuple[list[str], dict[str, str], dict[str, str]]:
     submits = [c["cmd"] for c in run["commands"] if "ray job submit" in c["cmd"]]
     if len(submits) != 1:
         raise RecordError(f"expected one `ray job submit` from the script, recorded {len(submits)}")
     words, exported = _shell_words(submits[0])
     words = [_placeholder(w, checkout) for w in words]
-    env_json = next((w.split("=", 1)[1] for w in words if w.startswith("--runtime-env-json=")), None)
+    env_json = next(
+        (w.split("=", 1)[1] for w in words if w.startswith("--runtime-env-json=")), None
+    )
     if env_json is None:
         raise RecordError("the recorded `ray job submit` has no --runtime-env-json")
     runtime_env = {k: str(v) for k, v in json.loads(env_json).get("env_vars", {}).items()}
@@ -210,9 +244,15 @@ def _shell_words(command: str) -> tuple[list[str], dict[str, str]]:
             'ray() { printf "%s\\0" "$@" > "$__argv"; '
             'for n in $(compgen -e); do printf "%s=%s\\0" "$n" "${!n}"; done > "$__env"; }\n'
         )
-        proc = subprocess.run([bash, "--noprofile", "--norc", "-c", prelude + command],
-                              env={"PATH": str(empty)}, cwd=tmp, capture_output=True, text=True,
-                              timeout=30, check=False)
+        proc = subprocess.run(
+            [bash, "--noprofile", "--norc", "-c", prelude + command],
+            env={"PATH": str(empty)},
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         if not argv_file.is_file():
             raise RecordError(f"bash did not reach `ray job submit`: {proc.stderr.strip()}")
         words = argv_file.read_text().split("\0")[:-1]
@@ -235,6 +275,6 @@ def _differing_env(launches: list[tuple[list[str], dict[str, str], dict[str, str
 def _differing_words(launches: list[tuple[list[str], dict[str, str], dict[str, str]]]) -> list[str]:
     from recipeval.engines.miles.flags import parse_flags
 
-    parsed = [parse_flags(launch[0][launch[0].index("--") + 1:]) for launch in launches]
+    parsed = [parse_flags(launch[0][launch[0].index("--") + 1 :]) for launch in launches]
     keys = dict.fromkeys(k for p in parsed for k in p)
     return [f"--{k}" for k in keys if len({json.dumps(p.get(k)) for p in parsed}) > 1]

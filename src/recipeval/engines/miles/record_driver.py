@@ -34,8 +34,22 @@ from pathlib import Path
 # Modules a command-building script needs for real; never replaced by a stand-in.
 NEEDED = {"typer", "click", "miles", "miles_plugins"}
 RUNTIMES = {
-    "torch", "ray", "megatron", "sglang", "sgl_kernel", "transformers", "transformer_engine",
-    "triton", "flash_attn", "deep_ep", "deep_gemm", "aiter", "mbridge", "vllm", "apex", "wandb",
+    "torch",
+    "ray",
+    "megatron",
+    "sglang",
+    "sgl_kernel",
+    "transformers",
+    "transformer_engine",
+    "triton",
+    "flash_attn",
+    "deep_ep",
+    "deep_gemm",
+    "aiter",
+    "mbridge",
+    "vllm",
+    "apex",
+    "wandb",
 }
 HELPER_MODULES = (
     "miles.utils.external_utils.command_utils",
@@ -91,8 +105,9 @@ class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.checkout = str(checkout)
         self.stood_in: set[str] = set()
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         top = fullname.split(".")[0]
         if top in NEEDED or top in sys.stdlib_module_names or not self._imported_by_checkout():
             return None
@@ -171,9 +186,25 @@ def _seal(recorder: Recorder) -> None:
     subprocess.call = subprocess.check_call = lambda *a, **k: recorder.process(*a, **k).returncode  # type: ignore[assignment]
     subprocess.Popen = SealedPopen  # type: ignore[misc]
     os.system = lambda cmd: recorder.process(cmd).returncode  # type: ignore[assignment]
-    for name in ("popen", "fork", "forkpty", "execv", "execve", "execvp", "execvpe", "execl",
-                 "execlp", "execle", "execlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
-                 "posix_spawn", "posix_spawnp"):
+    for name in (
+        "popen",
+        "fork",
+        "forkpty",
+        "execv",
+        "execve",
+        "execvp",
+        "execvpe",
+        "execl",
+        "execlp",
+        "execle",
+        "execlpe",
+        "spawnv",
+        "spawnve",
+        "spawnvp",
+        "spawnvpe",
+        "posix_spawn",
+        "posix_spawnp",
+    ):
         if hasattr(os, name):
             setattr(os, name, _no_process)
     socket.create_connection = _no_network  # type: ignore[assignment]
@@ -190,7 +221,9 @@ def _patch_helpers(recorder: Recorder) -> list[str]:
             continue
         for name in SINGLE_NODE_HELPERS + MULTI_NODE_HELPERS:
             if hasattr(module, name):
-                setattr(module, name, recorder.multi if name in MULTI_NODE_HELPERS else recorder.single)
+                setattr(
+                    module, name, recorder.multi if name in MULTI_NODE_HELPERS else recorder.single
+                )
                 patched.append(f"{module_name}.{name}")
     return patched
 
@@ -206,10 +239,12 @@ def _watch_execute_train(recorder: Recorder) -> None:
     def execute_train(*args: object, **kwargs: object) -> object:
         bound = inspect.signature(original).bind(*args, **kwargs)
         bound.apply_defaults()
-        recorder.train_calls.append({
-            "megatron_model_type": bound.arguments.get("megatron_model_type"),
-            "train_args": bound.arguments.get("train_args"),
-        })
+        recorder.train_calls.append(
+            {
+                "megatron_model_type": bound.arguments.get("megatron_model_type"),
+                "train_args": bound.arguments.get("train_args"),
+            }
+        )
         return original(*args, **kwargs)
 
     module.execute_train = execute_train
@@ -254,8 +289,14 @@ def main(request_path: str) -> int:
         recorder.answer = answer
         recorder.commands, recorder.probes, recorder.train_calls = [], [], []
         app(args=list(request["args"]), prog_name=request["script"], standalone_mode=False)
-        runs.append({"answer": answer, "commands": recorder.commands, "probes": recorder.probes,
-                     "train_calls": recorder.train_calls})
+        runs.append(
+            {
+                "answer": answer,
+                "commands": recorder.commands,
+                "probes": recorder.probes,
+                "train_calls": recorder.train_calls,
+            }
+        )
     result = {"runs": runs, "stand_ins": sorted(finder.stood_in), "patched": sorted(set(patched))}
     Path(request["out"]).write_text(json.dumps(result))
     return 0

@@ -68,7 +68,9 @@ def runtime_env_path(resolved: Resolved) -> Path:
 
 
 def render(
-    resolved: Resolved, environ: Mapping[str, str] | None = None, runtime_env_file: Path | None = None,
+    resolved: Resolved,
+    environ: Mapping[str, str] | None = None,
+    runtime_env_file: Path | None = None,
 ) -> Launch:
     environ = os.environ if environ is None else environ
     runtime_env_file = runtime_env_file or runtime_env_path(resolved)
