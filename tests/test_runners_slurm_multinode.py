@@ -130,8 +130,8 @@ def _nothing_left(cluster: SlurmCluster, job: str, ray_temp_dir: str) -> None:
 
 
 def test_two_node_allocation_one_ray_cluster_actors_on_both_nodes_reused_by_the_next_stage(
-    two_node_slurm_cluster: SlurmCluster,
-    tmp_path: Path,  # noqa: F811
+    two_node_slurm_cluster: SlurmCluster,  # noqa: F811 - the fixture, imported above
+    tmp_path: Path,
 ) -> None:
     cluster = two_node_slurm_cluster
     assert cluster.nodes == ("n1", "n2")
@@ -161,8 +161,8 @@ def test_two_node_allocation_one_ray_cluster_actors_on_both_nodes_reused_by_the_
 
 
 def test_a_node_that_dies_during_the_run_fails_it_naming_the_node(
-    two_node_slurm_cluster: SlurmCluster,
-    tmp_path: Path,  # noqa: F811
+    two_node_slurm_cluster: SlurmCluster,  # noqa: F811 - the fixture, imported above
+    tmp_path: Path,
 ) -> None:
     cluster = two_node_slurm_cluster
     report, seen = tmp_path / "report.json", tmp_path / "seen.txt"
