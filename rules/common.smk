@@ -242,4 +242,7 @@ def print_verdicts():
     the tables are."""
     from recipeval.publish.summary import verdict_lines
 
-    print("\n".join(["", "recipeval:", *verdict_lines(Path(RESULTS), RECIPES)]), flush=True)
+    print(
+        "\n".join(["", "recipeval:", *verdict_lines(Path(RESULTS), RECIPES)]),
+        flush=True,
+    )

@@ -285,6 +285,7 @@ def test_the_golden_script_records_each_recipe_at_its_source_commit(checkout, tm
             f"name: {name}\nengine: miles\nplatform: cuda\n"
             "model: {name: tiny, layers: 2, hidden_size: 64, attention_heads: 4, "
             "max_position_embeddings: 128}\n"
+            "stages: {smoke: {args: {num-rollout: 2}}}\n"
             f"source: {{commit: '{commit if commit != 'HEAD' else head}', "
             "script: scripts/run_tiny.py, args: [train]}\n"
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from recipeval.recipe.resolve import Resolved
+from recipeval.secrets import fingerprint_secrets
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -36,5 +37,6 @@ def recipe_facts(resolved: Resolved) -> dict[str, Any]:
         "max_response_len": int(max_len)
         if isinstance(max_len, int | float) and not isinstance(max_len, bool)
         else None,
-        "recipe_values": flatten(values),
+        # Secrets (env tokens, key flags) leave the stage only as fingerprints.
+        "recipe_values": fingerprint_secrets(flatten(values)),
     }

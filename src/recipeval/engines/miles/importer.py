@@ -34,6 +34,9 @@ _BOOL_KEYS = {"parallel.sequence_parallel"}
 _INT = re.compile(r"^-?[0-9]+$")
 
 
+SMOKE_ROLLOUTS = 2
+
+
 class ImportProblem(Exception):
     """The launch cannot be written as a recipe (the message says why and what to do)."""
 
@@ -84,6 +87,8 @@ def recipe_from_recording(
         "paths": {"megatron": _megatron_path(rec)},
         "args": {k: yaml_value(v) for k, v in train_section.items()},
         "env": recipe_env(rec),
+        # recipeval's own short run (not part of the launch): every recipe needs one to smoke.
+        "stages": {"smoke": {"args": {"num-rollout": SMOKE_ROLLOUTS}}},
         "source": source_block(rec),
     }
     return recipe
