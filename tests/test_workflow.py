@@ -253,6 +253,10 @@ def _sbatch_calls(tmp: Path, recipes: list[Path], *config: str, **env_extra: str
     fake.mkdir()
     (fake / "sbatch").write_text(FAKE_SBATCH)
     (fake / "sbatch").chmod(0o755)
+    # The Slurm plugin checks the account with sacctmgr first; without a reachable cluster
+    # (no slurm.conf) the real one fails on a DNS lookup before sbatch is ever called.
+    (fake / "sacctmgr").write_text("#!/bin/sh\necho proj42\n")
+    (fake / "sacctmgr").chmod(0o755)
     log = tmp / "sbatch.log"
     env.update(PATH=f"{fake}{os.pathsep}{env['PATH']}", FAKE_SBATCH_LOG=str(log), **env_extra)
     globs = ", ".join(str(r) for r in recipes)
