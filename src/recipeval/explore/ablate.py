@@ -275,8 +275,6 @@ def _show(value: Any) -> str:
 def static_judge() -> Judge:
     """env_check's static checks (megatron-core imported once; SGLang's parser left out: each
     value a variant sets was already in BEFORE or AFTER)."""
-    import dataclasses
-
     from recipeval.checks import layout
     from recipeval.checks.env_check import _Validators, static_checks
     from recipeval.checks.subject import Subject
@@ -286,7 +284,7 @@ def static_judge() -> Judge:
 
     def judge(recipe: Recipe) -> list[Check]:
         loaded = LoadedRecipe(recipe=recipe, path=Path(recipe.name), files=[], origins={})
-        subject = Subject(dataclasses.replace(loaded), resolve(recipe, None))
+        subject = Subject(loaded, resolve(recipe, None))
         return static_checks(subject, validators, None, 0)
 
     return judge

@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 from pydantic import TypeAdapter, ValidationError
 
+from recipeval.atomic import atomic_write, atomic_write_text
 from recipeval.publish.compare import Acknowledgement
 from recipeval.publish.records import RunRecord
 from recipeval.secrets import fingerprint_secrets, scrub, secret_values
@@ -77,12 +78,7 @@ def acknowledge(
 ) -> Path:
     """Record that the change starting at `run_id` is accepted (see the module docstring)."""
     acks = [*acknowledgements(history), Acknowledgement(recipe, run_id, metric, note)]
-    path = history / ACK_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(_ACKS.dump_json(acks, indent=1).decode() + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(history / ACK_NAME, _ACKS.dump_json(acks, indent=1).decode() + "\n")
 
 
 def record_path(history: Path, record: RunRecord) -> Path:
@@ -204,8 +200,5 @@ def rebuild_parquet(history: Path) -> Path:
 
 
 def write_parquet(records: list[RunRecord], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    to_frame(records).to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-    return path
+    frame = to_frame(records)
+    return atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))

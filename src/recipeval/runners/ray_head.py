@@ -31,6 +31,7 @@ from pathlib import Path
 
 import psutil
 
+from recipeval.atomic import atomic_write_text
 from recipeval.runners.base import RunnerError
 
 STATE_DIR_ENV = "RECIPEVAL_RAY_STATE_DIR"
@@ -234,9 +235,7 @@ def read_state(state_dir: Path) -> HeadState | None:
 
 
 def _write_state(state_dir: Path, state: HeadState) -> None:
-    tmp = state_dir / f".{STATE_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(asdict(state), indent=2))
-    os.replace(tmp, state_dir / STATE_FILE)
+    atomic_write_text(state_dir / STATE_FILE, json.dumps(asdict(state), indent=2))
 
 
 def shared_head(state_dir: Path) -> HeadState:

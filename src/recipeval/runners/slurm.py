@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 
+from recipeval.atomic import atomic_write_text
 from recipeval.engines.launch import Launch
 from recipeval.runners import ray_head
 from recipeval.runners.base import LineSink, RunnerError, RunResult
@@ -143,9 +144,7 @@ def read_cluster(state_dir: Path) -> AllocationCluster | None:
 
 
 def _write_cluster(state_dir: Path, cluster: AllocationCluster) -> None:
-    tmp = state_dir / f".{CLUSTER_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(asdict(cluster), indent=2))
-    os.replace(tmp, state_dir / CLUSTER_FILE)
+    atomic_write_text(state_dir / CLUSTER_FILE, json.dumps(asdict(cluster), indent=2))
 
 
 def stop_cluster(cluster: AllocationCluster) -> None:

@@ -52,7 +52,6 @@ ends in half a line). Dicts printed over several lines are joined first.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -61,6 +60,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from recipeval.atomic import atomic_write
 from recipeval.engines.miles.loglines import (
     MetricMessage,
     clean_line,
@@ -468,13 +468,8 @@ def parse_log(path: Path, steps_per_rollout: int | None = None) -> ParsedLog:
 
 def write_steps(steps: pd.DataFrame, path: Path) -> Path:
     """Write a table (rollouts or optimizer steps) as .parquet or .csv (by suffix), atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     if path.suffix == ".parquet":
-        steps.to_parquet(tmp, index=False)
-    elif path.suffix == ".csv":
-        steps.to_csv(tmp, index=False)
-    else:
-        raise ValueError(f"{path}: the step table is written as .parquet or .csv")
-    os.replace(tmp, path)
-    return path
+        return atomic_write(path, lambda tmp: steps.to_parquet(tmp, index=False))
+    if path.suffix == ".csv":
+        return atomic_write(path, lambda tmp: steps.to_csv(tmp, index=False))
+    raise ValueError(f"{path}: the step table is written as .parquet or .csv")
