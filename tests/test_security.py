@@ -240,6 +240,13 @@ def _base() -> str:
     return TINY_RECIPE.read_text()
 
 
+def _edited(old: str, new: str, count: int = -1) -> str:
+    """The tiny recipe with `old` replaced: fails loudly when the shipped recipe no longer has it."""
+    base = _base()
+    assert old in base, f"{TINY_RECIPE.name} no longer contains {old!r}"
+    return base.replace(old, new, count)
+
+
 def _refused(
     path: Path, *command: str, line: int | None = None, within_s: float = 10, at: str | None = None
 ) -> str:
@@ -293,7 +300,7 @@ def test_case5_deep_nesting_self_alias_long_extends(tmp_path):
     deep.write_text(_base() + "description: " + "[" * 500 + "]" * 500 + "\n")
     assert "nested deeper" in _refused(deep)
     selfref = tmp_path / "self.yaml"
-    selfref.write_text(_base().replace("args:\n", "args:\n  x: &s [*s]\n", 1))
+    selfref.write_text(_edited("args:\n", "args:\n  x: &s [*s]\n", 1))
     assert "self-referencing" in _refused(selfref, line=19)
     for i in range(1500):
         text = f"extends: c{i + 1}.yaml\n" if i < 1499 else _base()
@@ -304,23 +311,23 @@ def test_case5_deep_nesting_self_alias_long_extends(tmp_path):
 
 def test_case5_big_integer_and_non_finite_numbers(tmp_path):
     cases = {
-        "bigint": (_base().replace("seed: 1234", "seed: " + "9" * 5000), 30),
-        "nodes": (_base().replace("nodes: 1,", "nodes: 1e20,"), 6),
-        "hugecount": (_base().replace("layers: 2", "layers: " + "9" * 4000), 9),
+        "bigint": (_edited("seed: 1234", "seed: " + "9" * 5000), 30),
+        "nodes": (_edited("nodes: 1,", "nodes: 1e20,"), 6),
+        "hugecount": (_edited("layers: 2", "layers: " + "9" * 4000), 9),
         "mrl_inf": (
-            _base().replace("rollout-max-response-len: 16", "rollout-max-response-len: .inf"),
+            _edited("rollout-max-response-len: 16", "rollout-max-response-len: .inf"),
             22,
         ),
         "mrl_nan": (
-            _base().replace("rollout-max-response-len: 16", "rollout-max-response-len: .nan"),
+            _edited("rollout-max-response-len: 16", "rollout-max-response-len: .nan"),
             22,
         ),
         "memfrac": (
             _base() + "stages: {smoke: {args: {sglang-mem-fraction-static: .inf}}}\n",
             None,
         ),
-        "timeout": (_base().replace("timeout: 10m\n  logprob", "timeout: .inf\n  logprob"), 41),
-        "rel_ci": (_base().replace("rel_ci: 0.10", "rel_ci: .nan"), None),
+        "timeout": (_edited("timeout: 10m\n  logprob", "timeout: .inf\n  logprob"), 41),
+        "rel_ci": (_edited("rel_ci: 0.25", "rel_ci: .nan"), None),
     }
     for name, (text, line) in cases.items():
         path = tmp_path / f"{name}.yaml"
@@ -331,7 +338,7 @@ def test_case5_big_integer_and_non_finite_numbers(tmp_path):
 
 def test_case5_zero_global_batch_is_a_failed_check_not_a_crash(tmp_path):
     path = tmp_path / "gbs0.yaml"
-    path.write_text(_base().replace("cpu-threads: 1", "cpu-threads: 1\n  global-batch-size: 0"))
+    path.write_text(_edited("cpu-threads: 1", "cpu-threads: 1\n  global-batch-size: 0"))
     proc = run_cli("env-check", "--static", str(path))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "global-batch-size 0" in proc.stdout
@@ -375,7 +382,7 @@ def test_case7_env_names_values_and_arg_names(tmp_path):
     ):
         assert name in err
     empty = tmp_path / "empty.yaml"
-    empty.write_text(_base().replace("args:\n", 'args:\n  "": 1\n', 1))
+    empty.write_text(_edited("args:\n", 'args:\n  "": 1\n', 1))
     assert "flag names are non-empty" in _refused(empty, line=19)
 
 
@@ -410,7 +417,7 @@ def test_case8_exec_env_refused_unless_allowed(tmp_path, name):
 
 def test_case8_null_in_an_overlay_removes_without_opt_in(tmp_path):
     path = tmp_path / "x.yaml"
-    path.write_text(_base().replace("  smoke:\n", "  smoke:\n    env: {LD_PRELOAD: null}\n", 1))
+    path.write_text(_edited("  smoke:\n", "  smoke:\n    env: {LD_PRELOAD: null}\n", 1))
     assert run_cli("validate", str(path)).returncode == 0
 
 
