@@ -70,3 +70,17 @@ def test_weight_update_in_place_reaches_the_decoder():
     decoder.refresh_weights()
     scored = decoder.score(prompts, tokens)
     assert (scored - full_forward_logprobs(model, prompts, tokens)).abs().max().item() < 1e-4
+
+
+def test_compiled_layer_pieces_give_the_eager_logprobs():
+    """--rollout-compile fuses the norms, RoPE and MLP around attention (torch.compile); the
+    sampled logprobs stay those of the full forward, and re-scoring stays bitwise."""
+    model, prompts = model_and_prompts("sdpa")
+    decoder = StaticCacheDecoder(
+        model, 3, PROMPT_TOKENS, 8, 1.0, 1.0, ignore_eos=True, compile_step=True, window_bucket=16
+    )
+    torch.manual_seed(0)
+    generation = decoder.generate(prompts)
+    reference = full_forward_logprobs(model, prompts, generation.tokens)
+    assert (generation.logprobs - reference).abs().max().item() < 1e-4
+    assert torch.equal(decoder.score(prompts, generation.tokens), generation.logprobs)

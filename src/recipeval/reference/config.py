@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         const=True,
         default=False,
         type=_bool_word,
-        help="torch.compile the decode step",
+        help="torch.compile the per-layer pieces around attention (norms, RoPE, MLP)",
     )
     flag(
         "--skip-weight-sync",

@@ -1,18 +1,17 @@
 """Batched sampling over the rollout's own KV cache (kvcache.KVCache, forward.forward): one
-prefill, then one decode step per token. Each step can be compiled (torch.compile) and replayed
-as a single CUDA graph (one graph per attention-window bucket), so the loop is bound by the GPU
-rather than by Python and kernel launches; on a CPU the step runs eagerly over exactly the
-written slots. Each sampled token's logprob is recorded as the sampler saw it:
-log softmax(logits / T), before top-p truncation."""
+prefill, then one decode step per token. The per-layer pieces around attention can be compiled
+(torch.compile) and each step replayed as one CUDA graph (one graph per attention-window bucket),
+so the loop is bound by the GPU rather than by Python and kernel launches; on a CPU the step runs
+eagerly over exactly the written slots. Each sampled token's logprob is recorded as the sampler
+saw it: log softmax(logits / T), before top-p truncation."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from recipeval.reference.forward import forward, rope_tables, weights_of
+from recipeval.reference.forward import EAGER, compiled_kernels, forward, rope_tables, weights_of
 from recipeval.reference.kvcache import KVCache, window_for
 from recipeval.reference.tokenizer import EOS_ID, PAD_ID
 
@@ -91,11 +90,7 @@ class StaticCacheDecoder:
         self.cos, self.sin = rope_tables(self.weights, self.capacity, dtype)
         self.slots = torch.arange(self.capacity, device=self.device)
         self.window_bucket = window_bucket
-        step: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
-        step = self._step
-        if compile_step:
-            step = torch.compile(self._step, fullgraph=True, dynamic=False)
-        self._step_fn = step
+        self.kernels = compiled_kernels() if compile_step else EAGER
         self._tokens = torch.zeros((batch_size, 1), dtype=torch.long, device=self.device)
         self._position = torch.full((1,), prompt_len, dtype=torch.long, device=self.device)
         self._use_graph = cuda_graph
@@ -129,6 +124,7 @@ class StaticCacheDecoder:
             window,
             allowed,
             self.attention,
+            self.kernels,
         )
 
     def _prefill_logits(self, prompt_ids: torch.Tensor) -> torch.Tensor:
@@ -144,6 +140,7 @@ class StaticCacheDecoder:
             self.prompt_len,
             causal,
             self.attention,
+            self.kernels,
         )
 
     def _prefill(self, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,11 +160,11 @@ class StaticCacheDecoder:
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
                     for _ in range(2):  # warm-up: compile, autotune, allocate outside the capture
-                        self._step_fn(self._tokens, self._position, window)
+                        self._step(self._tokens, self._position, window)
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    out = self._step_fn(self._tokens, self._position, window)
+                    out = self._step(self._tokens, self._position, window)
                 pool = graph.pool()
                 self._graphs[window] = (graph, out)
         self._initialised = True
@@ -187,7 +184,7 @@ class StaticCacheDecoder:
             graph, out = self._graphs[window]
             graph.replay()
             return out
-        return self._step_fn(self._tokens, self._position, window)
+        return self._step(self._tokens, self._position, window)
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor) -> Generation:

@@ -13,6 +13,7 @@ folded into the query-length axis, so each step reads every cached key and value
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -143,6 +144,63 @@ def _attend(
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
+def _pre_attention(
+    x: torch.Tensor,
+    norm: torch.Tensor,
+    qkv_weight: torch.Tensor,
+    qkv_bias: torch.Tensor | None,
+    cos_t: torch.Tensor,
+    sin_t: torch.Tensor,
+    eps: float,
+    heads: int,
+    kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated queries and keys (B, H + Hkv, T, D) and values (B, Hkv, T, D) of `x` (B, T, E)."""
+    b, t, _ = x.shape
+    d = qkv_weight.shape[0] // (heads + 2 * kv_heads)
+    qkv = F.linear(_rms_norm(x, norm, eps), qkv_weight, qkv_bias)
+    qkv = qkv.view(b, t, heads + 2 * kv_heads, d).transpose(1, 2)
+    return _rotate(qkv[:, : heads + kv_heads], cos_t, sin_t), qkv[:, heads + kv_heads :]
+
+
+def _post_attention(
+    x: torch.Tensor,
+    attended: torch.Tensor,
+    o_weight: torch.Tensor,
+    norm: torch.Tensor,
+    gate_up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """The layer's output: `x` plus the projected attention output, plus the MLP of that."""
+    x = x + F.linear(attended, o_weight)
+    gate, up = F.linear(_rms_norm(x, norm, eps), gate_up_weight).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, down_weight)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The per-layer pieces around attention. Compiled, each piece's elementwise work (norms,
+    RoPE, residuals, SwiGLU) fuses into a few kernels, which is most of a decode step's launch
+    count. The cache writes and attention stay outside: compiled, an in-place write into the
+    cache buffer becomes a copy of the whole buffer (60 ms a step on an H200, against 3.9)."""
+
+    pre_attention: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    post_attention: Callable[..., torch.Tensor]
+
+
+EAGER = Kernels(_pre_attention, _post_attention)
+
+
+def compiled_kernels() -> Kernels:
+    """The per-layer pieces through torch.compile (shapes fixed: one compile per shape, shared
+    by every layer)."""
+    return Kernels(
+        torch.compile(_pre_attention, fullgraph=True, dynamic=False),
+        torch.compile(_post_attention, fullgraph=True, dynamic=False),
+    )
+
+
 def forward(
     weights: Weights,
     cache: KVCache,
@@ -153,6 +211,7 @@ def forward(
     window: int,
     allowed: torch.Tensor | None,
     attention: str,
+    kernels: Kernels = EAGER,
 ) -> torch.Tensor:
     """Logits (B, vocab) of the last of `tokens` (B, T) at `positions` (T,), after writing their
     keys and values into `cache`; attention covers cache slots [0, window), `allowed` (T, window)
@@ -165,19 +224,22 @@ def forward(
     folded = allowed.repeat(g, 1) if allowed is not None else None
     x = F.embedding(tokens, weights.embed)
     for i, layer in enumerate(weights.layers):
-        hidden = _rms_norm(x, layer.input_norm, weights.eps)
         bias = layer.qkv_bias.tensor if layer.qkv_bias is not None else None
-        qkv = F.linear(hidden, layer.qkv_weight.tensor, bias).view(b, t, h + 2 * hkv, d)
-        qkv = qkv.transpose(1, 2)  # (B, H + 2 Hkv, T, D)
-        qk = _rotate(qkv[:, : h + hkv], cos_t, sin_t)
-        keys, values = cache.write(i, positions, qk[:, h:], qkv[:, h + hkv :])
+        qk, v = kernels.pre_attention(
+            x, layer.input_norm, layer.qkv_weight.tensor, bias, cos_t, sin_t, weights.eps, h, hkv
+        )
+        keys, values = cache.write(i, positions, qk[:, h:], v)
         q = qk[:, :h].reshape(b, hkv, g * t, d)
         out = _attend(q, keys[:, :, :window], values[:, :, :window], folded, attention)
         out = out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
-        x = x + F.linear(out, layer.o_weight)
-        hidden = _rms_norm(x, layer.post_norm, weights.eps)
-        gate, up = F.linear(hidden, layer.gate_up_weight.tensor).chunk(2, dim=-1)
-        mlp = F.silu(gate) * up
-        x = x + F.linear(mlp, layer.down_weight)
+        x = kernels.post_attention(
+            x,
+            out,
+            layer.o_weight,
+            layer.post_norm,
+            layer.gate_up_weight.tensor,
+            layer.down_weight,
+            weights.eps,
+        )
     last = _rms_norm(x[:, -1], weights.final_norm, weights.eps)
     return F.linear(last, weights.head)
