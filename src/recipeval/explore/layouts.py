@@ -442,8 +442,8 @@ COST_MODEL = (
     "at 35 % of the GPU's BF16 peak, stretched by pipeline imbalance and the 1F1B bubble) "
     "+ communication: tp (SP all-gather/reduce-scatter), cp (ring attention K/V), ep "
     "(MoE all-to-all), pp (stage activations), dp (gradients); intra-node vs network "
-    "bandwidth by placement. Memory: weights, gradients, optimizer state and SGLang's "
-    "static fraction, not activations"
+    "bandwidth by placement. Memory: weights, gradients, optimizer state (sharded by the "
+    "distributed optimizer) and SGLang's static fraction, not activations"
 )
 
 
