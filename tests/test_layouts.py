@@ -112,6 +112,20 @@ def test_16_gpus_fit_only_with_a_memory_knob_and_the_explorer_names_it(cli, tmp_
     )
 
 
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [
+        ("optimizer-offload-fraction", "write FLAG=VALUE"),
+        ("tensor-model-parallel-size=2", "derives this flag from parallel.tp"),
+        ("sglang-mem-fraction-static=[1", "is not a value"),
+    ],
+)
+def test_bad_arg_is_refused_before_exploring(cli, arg, message):
+    proc = cli("layouts", str(AMD), "--gpus", "32", "--arg", arg)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
 def test_env_check_fails_rollout_engines_that_do_not_tile_the_gpus(cli, tmp_path):
     recipe = tmp_path / "engines-of-3.yaml"
     recipe.write_text(

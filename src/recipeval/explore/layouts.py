@@ -39,6 +39,7 @@ from recipeval.explore.cost import (
 )
 from recipeval.explore.emit import prepare_folder, write_variant
 from recipeval.recipe import LoadedRecipe
+from recipeval.recipe.load import DERIVED_FLAGS
 from recipeval.recipe.schema import Cluster, Parallel, Recipe, Sweep
 from recipeval.result import Check
 
@@ -406,6 +407,13 @@ def with_args(loaded: LoadedRecipe, changes: dict[str, Any]) -> LoadedRecipe:
     recipe file would be; raises LayoutError naming the flag."""
     if not changes:
         return loaded
+    derived = [flag for flag in changes if flag in DERIVED_FLAGS]
+    if derived:
+        key = DERIVED_FLAGS[derived[0]]
+        raise LayoutError(
+            f"--arg {derived[0]}: render derives this flag from {key}; the explorer varies the "
+            "layout itself, other keys are set in the recipe"
+        )
     data = loaded.recipe.model_dump()
     data["args"] = {**data["args"], **changes}
     try:
