@@ -3,6 +3,7 @@ model ranks, the emitted variants are recipes that change only the layout."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from recipeval.explore.layouts import (
     table_lines,
 )
 from recipeval.recipe import load_recipe, resolve
+from recipeval.result import read_result
 
 REPO = Path(__file__).resolve().parents[1]
 AMD = REPO / "recipes/amd/deepseek-v4-flash-4node-mi355x.yaml"
@@ -61,11 +63,84 @@ def test_pr2139_and_the_earlier_tp8_layout_are_valid_and_ranked_with_reasons(amd
     assert any(line.endswith(f"(rank {_rank(found, PR2139) + 1})") for line in lines)
 
 
+def _ranked_rows(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line[:4].strip().isdigit()]
+
+
 @pytest.mark.parametrize("gpus", [24, 48, 64])
-def test_gpu_counts_the_launch_script_refuses_get_layouts(gpus):
-    found = explore(load_recipe(AMD), gpus)
-    assert found.kept, found.rejected
-    assert all(r.layout.tp * r.layout.pp * r.layout.cp <= gpus for r in found.kept)
+def test_gpu_counts_the_launch_script_refuses_get_layouts(cli, gpus):
+    proc = cli("layouts", str(AMD), "--gpus", str(gpus), "--top", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _ranked_rows(proc.stdout)
+    assert len(rows) == 3 and f"on {gpus} GPUs ({gpus // 8} nodes x 8)" in proc.stdout
+    # every row's layout multiplies out within the GPU count and shows its memory margin
+    for row in rows:
+        tp, pp, cp = (int(re.search(rf"\b{k}(\d+)", row)[1]) for k in ("TP", "PP", "CP"))
+        assert gpus % (tp * pp * cp) == 0 and "% free)" in row, row
+
+
+def test_16_gpus_fit_only_with_a_memory_knob_and_the_explorer_names_it(cli, tmp_path):
+    # 2.84e11 parameters over 16 GPUs: at least 17.8e9 a GPU (weights 2 B + fp32 gradients
+    # 4 B + a quarter of Adam's 12 B) = 160 GB, beside SGLang's static 0.5 x 288 GB that
+    # no-offload-train keeps resident: 304 GB > 274 GB (95 %). No layout can shard further.
+    none = cli("layouts", str(AMD), "--gpus", "16")
+    assert none.returncode == 1, none.stdout + none.stderr
+    assert "0 valid and fitting" in none.stdout
+    assert "no layout fits memory with this recipe's settings" in none.stdout
+    assert re.search(r"needs 30\d GB per GPU against 274 GB", none.stdout), none.stdout
+    knobs = re.findall(r"--arg (\S+)=(\S+):", none.stdout)
+    assert {flag for flag, _ in knobs} == {
+        "optimizer-offload-fraction",
+        "no-offload-train",
+        "sglang-mem-fraction-static",
+    }, none.stdout
+    # The knob it names is enough: with it, layouts come out and are emitted with it.
+    offload = dict(knobs)["optimizer-offload-fraction"]
+    fits = cli(
+        "layouts", str(AMD), "--gpus", "16", "--top", "2",
+        "--arg", f"optimizer-offload-fraction={offload}", "--emit", str(tmp_path / "emit"),
+    )  # fmt: skip
+    assert fits.returncode == 0, fits.stdout + fits.stderr
+    assert len(_ranked_rows(fits.stdout)) == 2
+    variants = [load_recipe(p).recipe for p in sorted((tmp_path / "emit").glob("*.yaml"))]
+    assert len(variants) == 2
+    assert all(v.args["optimizer-offload-fraction"] == float(offload) for v in variants)
+    assert all(
+        v.world_size == 16
+        and v.sweep.keys == ["args.optimizer-offload-fraction", "cluster", "parallel"]
+        for v in variants
+    )
+
+
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [
+        ("optimizer-offload-fraction", "write FLAG=VALUE"),
+        ("tensor-model-parallel-size=2", "derives this flag from parallel.tp"),
+        ("sglang-mem-fraction-static=[1", "is not a value"),
+    ],
+)
+def test_bad_arg_is_refused_before_exploring(cli, arg, message):
+    proc = cli("layouts", str(AMD), "--gpus", "32", "--arg", arg)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_env_check_fails_rollout_engines_that_do_not_tile_the_gpus(cli, tmp_path):
+    recipe = tmp_path / "engines-of-3.yaml"
+    recipe.write_text(
+        f"name: engines-of-3\nextends: {AMD}\n"
+        "args: {rollout-num-gpus-per-engine: 3, sglang-tp-size: 3}\n"
+    )
+    proc = cli("env-check", "--recipe", str(recipe), "--static", "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    result = read_result(tmp_path / "r.json")
+    (check,) = [c for c in result.checks if c.id == "rollout.engine-tiling"]
+    assert not check.ok and check.severity == "error"
+    assert check.key == "args.rollout-num-gpus-per-engine"
+    assert "do not tile 4 nodes x 8 GPUs" in check.message
+    assert "use one of: 1, 2, 4, 8, 16, 32" in check.message
+    assert f"{recipe}:3" in check.message
 
 
 def test_emitted_layouts_change_only_the_parallel_flags(amd_32, tmp_path):

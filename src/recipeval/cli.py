@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -554,10 +554,15 @@ def layouts(
     history: Annotated[
         Path, typer.Option(help="run history to calibrate the cost model on")
     ] = Path("results/history"),
+    arg: Annotated[
+        list[str] | None,
+        typer.Option(help="FLAG=VALUE: explore (and emit) with this flag set; repeatable"),
+    ] = None,
 ) -> None:
     """Every parallel layout megatron-core and the rollout engine accept that fits memory,
-    ranked by a stated cost model (calibrated on measured runs in the history). For an engine
-    whose layout is fixed, its speed knobs instead (ranked by measured time once run)."""
+    ranked by a stated cost model (calibrated on measured runs in the history); exit 1 when
+    none fits (it says which memory knob would). For an engine whose layout is fixed, its speed
+    knobs instead (ranked by measured time once run)."""
     from recipeval.engines import engine_for
     from recipeval.explore.emit import EmitError
     from recipeval.explore.layouts import (
@@ -568,14 +573,18 @@ def layouts(
         explore,
         measurements,
         table_lines,
+        with_args,
     )
 
     loaded = load_or_exit(recipe)
+    changes = _flag_values(arg or [])
     if top is not None and top < 1:
         _die(f"--top {top}: give a positive count")
     engine = engine_for(loaded.recipe.engine)
     try:
         if engine.speed_knobs:
+            if changes:
+                _die(f"--arg: the {engine.name} engine's layout is fixed; set flags in the recipe")
             if emit is None:
                 _die(
                     f"{recipe}: the {engine.name} engine's layout is fixed; --emit DIR writes its "
@@ -586,19 +595,42 @@ def layouts(
             from recipeval.publish import history as run_history
 
             runs = run_history.load(history) if history.is_dir() else []
+            explored = with_args(loaded, changes)
             found = explore(
-                loaded, gpus or loaded.recipe.world_size, nodes, measurements(runs, loaded.recipe)
+                explored,
+                gpus or loaded.recipe.world_size,
+                nodes,
+                measurements(runs, loaded.recipe),
             )
             print("\n".join(table_lines(found, current_layout(loaded.recipe), top)))
+            if not found.kept:
+                raise typer.Exit(EXIT_FAIL)
             if emit is None:
                 return
-            written = emit_layouts(found, loaded, emit, top)
+            written = emit_layouts(found, loaded, emit, top, changes)
     except (LayoutError, EmitError) as err:
         _die(str(err))
     print(
         f"wrote {len(written)} recipe(s) to {emit}; run them with "
         f"snakemake --config 'recipes={{sweeps: [{emit}]}}'"
     )
+
+
+def _flag_values(pairs: list[str]) -> dict[str, Any]:
+    """--arg FLAG=VALUE pairs; VALUE read as YAML (1.0, true, null), as in a recipe."""
+    import yaml
+
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        flag, sep, text = pair.partition("=")
+        flag = flag.strip().removeprefix("--")
+        if not sep or not flag:
+            _die(f"--arg {pair!r}: write FLAG=VALUE, e.g. optimizer-offload-fraction=1.0")
+        try:
+            values[flag] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            _die(f"--arg {pair!r}: {text!r} is not a value")
+    return values
 
 
 @app.command()

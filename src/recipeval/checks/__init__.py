@@ -7,6 +7,7 @@ Entry point: `recipeval.checks.env_check.env_check`; CLI `recipeval env-check`.
 
 Check ids, by family (each check names the dotted recipe key to fix):
   layout.*     world size, expert layout, divisibility, sequence parallel, pipeline split
+  rollout.*    the rollout engines tiling their GPUs (rollout-num-gpus-per-engine)
   megatron.*   megatron-core's TransformerConfig, initialize_model_parallel, microbatches
   sglang.*     --sglang-* flags through SGLang's ServerArgs parser (unknown, bad value,
                deprecated, set by miles itself)

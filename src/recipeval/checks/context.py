@@ -136,22 +136,36 @@ def batch_checks(subject: Subject) -> list[Check]:
 
 
 def rollout_engine_checks(subject: Subject) -> list[Check]:
-    """The rollout engines tile the cluster: miles starts GPUs / rollout-num-gpus-per-engine
-    SGLang engines, and an engine larger than a node must span whole nodes."""
+    """The rollout engines tile their GPUs as miles places them: rollout-num-gpus (all the
+    cluster's GPUs when colocated or unset) in engines of rollout-num-gpus-per-engine, and an
+    engine larger than a node spans whole nodes."""
     r = subject.recipe
     engine = subject.int_arg("rollout-num-gpus-per-engine")
     if engine is None or not r.cluster.gpus_per_node:
         return []
-    world, per_node = r.world_size, r.cluster.gpus_per_node
+    per_node = r.cluster.gpus_per_node
+    own = None if subject.flag_on("colocate") else subject.int_arg("rollout-num-gpus")
+    gpus = own or r.world_size
+    where = f"{gpus} rollout GPUs" if own else f"{r.cluster.nodes} nodes x {per_node} GPUs"
     key = subject.arg_key("rollout-num-gpus-per-engine")
-    fits = engine > 0 and world % engine == 0
-    whole = engine <= per_node and per_node % engine == 0 or engine % per_node == 0
-    ok = fits and whole
-    why = (
-        f"{world // engine} engine(s) of {engine} GPUs on {r.cluster.nodes} x {per_node} GPUs"
-        if ok
-        else f"engines of {engine} GPUs do not tile {r.cluster.nodes} nodes x {per_node} GPUs"
-        + ("" if fits else f" ({world} GPUs)")
-        + ("" if whole else ": an engine would straddle a node")
-    )
-    return [subject.check("rollout.engine-tiling", ok, why, key=key, value=engine, threshold=world)]
+    fits = engine > 0 and gpus % engine == 0
+    whole = engine > 0 and (engine <= per_node and per_node % engine == 0 or engine % per_node == 0)
+    if fits and whole:
+        why = f"{gpus // engine} engine(s) of {engine} GPUs on {where}"
+    else:
+        sizes = [
+            n
+            for n in range(1, gpus + 1)
+            if gpus % n == 0 and (per_node % n == 0 or n % per_node == 0)
+        ]
+        why = (
+            f"rollout-num-gpus-per-engine {engine}: engines of {engine} GPUs do not tile {where}"
+            + ("" if fits else f" ({gpus} GPUs are not a whole number of engines)")
+            + ("" if whole else f" (an engine would straddle two nodes of {per_node} GPUs)")
+            + f"; use one of: {', '.join(map(str, sizes))}"
+        )
+    return [
+        subject.check(
+            "rollout.engine-tiling", fits and whole, why, key=key, value=engine, threshold=gpus
+        )
+    ]

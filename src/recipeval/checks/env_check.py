@@ -86,7 +86,9 @@ def _prepare(
 def static_checks(
     subject: Subject, validators: _Validators, flags: dict[str, list[str]] | None, index: int
 ) -> list[Check]:
-    checks = layout.arithmetic_checks(subject)
+    # The rollout engines' tiling sits beside the layout arithmetic: both are checked before a
+    # job starts, so a recipe miles would refuse at start-up fails here (the explorer runs both).
+    checks = layout.arithmetic_checks(subject) + context.rollout_engine_checks(subject)
     if subject.engine.trainer_stack_checks:
         if validators.megatron is not None:
             checks += layout.megatron_checks(subject, validators.megatron)

@@ -6,7 +6,9 @@ says so in every message."""
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from recipeval.checks.subject import Subject
 from recipeval.result import Check
@@ -55,7 +57,8 @@ class TrainState:
     params_per_gpu: float
     param_bytes: float
     grad_bytes: float
-    optimizer_bytes: float
+    optimizer_bytes: float  # on the GPU, after CPU offload
+    optimizer_full_bytes: float  # before offload: what offloading can move
     assumptions: list[str]
 
     @property
@@ -91,6 +94,15 @@ def expert_parameters(subject: Subject) -> float:
     )
 
 
+def distributed_optimizer(subject: Subject) -> bool:
+    """Megatron's distributed optimizer shards the optimizer state over the data-parallel
+    ranks. miles turns it on itself for Adam (its set_default_megatron_args), so a trainer-stack
+    recipe has it without the flag."""
+    if subject.flag_on("use-distributed-optimizer"):
+        return True
+    return subject.engine.trainer_stack_checks and str(subject.arg("optimizer", "adam")) == "adam"
+
+
 def train_state(subject: Subject) -> TrainState | None:
     r = subject.recipe
     m, p = r.model, r.parallel
@@ -104,7 +116,6 @@ def train_state(subject: Subject) -> TrainState | None:
     grad_b = 4 if (subject.flag_on("accumulate-allreduce-grads-in-fp32") or not half) else 2
     optimizer = str(subject.arg("optimizer", "adam"))
     opt_b = OPTIMIZER_BYTES.get(optimizer, 12)
-    on_gpu = 1.0
     notes = [
         (
             f"{m.parameters:.3g} parameters, {experts:.3g} in routed experts (sharded by EP x ETP x "
@@ -112,6 +123,17 @@ def train_state(subject: Subject) -> TrainState | None:
         ),
         f"weights {param_b} B, gradients {grad_b} B, {optimizer} state {opt_b} B per parameter",
     ]
+    optimizer_params = per_gpu
+    if distributed_optimizer(subject):
+        # Dense state over the DP x CP ranks of its TP x PP shard, expert state over the expert
+        # data-parallel ranks of its EP x ETP x PP shard: either way, all parameters / world.
+        optimizer_params = m.parameters / r.world_size
+        notes.append(
+            f"distributed optimizer: state sharded over all {r.world_size} GPUs "
+            f"({optimizer_params:.3g} parameters' state per GPU)"
+        )
+    full = optimizer_params * opt_b
+    on_gpu = 1.0
     if subject.flag_on("optimizer-cpu-offload"):
         fraction = _fraction(subject.arg("optimizer-offload-fraction", 1.0))
         fraction = 1.0 if fraction is None else min(max(fraction, 0.0), 1.0)
@@ -119,10 +141,8 @@ def train_state(subject: Subject) -> TrainState | None:
         notes.append(
             f"optimizer offload fraction {fraction:g}: {on_gpu:g} of the optimizer state on GPU"
         )
-    if subject.flag_on("use-distributed-optimizer"):
-        notes.append("distributed optimizer state not divided by DP (upper bound)")
     notes.append("activations not counted")
-    return TrainState(per_gpu, per_gpu * param_b, per_gpu * grad_b, per_gpu * opt_b * on_gpu, notes)
+    return TrainState(per_gpu, per_gpu * param_b, per_gpu * grad_b, full * on_gpu, full, notes)
 
 
 def _fraction(value: object) -> float | None:
@@ -219,17 +239,29 @@ def memory_checks(subject: Subject) -> list[Check]:
     return checks
 
 
+def _fp8_checkpoint(subject: Subject) -> bool:
+    return "fp8" in subject.recipe.model.name.lower()
+
+
+def _rollout_weights_gb(subject: Subject) -> float | None:
+    """Per GPU, the weights of one SGLang engine (1 B/param from an FP8 checkpoint, else 2)."""
+    m = subject.recipe.model
+    engine_gpus = subject.int_arg("rollout-num-gpus-per-engine")
+    if not engine_gpus or engine_gpus < 1 or not m.parameters:
+        return None
+    return m.parameters * (1 if _fp8_checkpoint(subject) else 2) / engine_gpus / GB
+
+
 def _rollout_weights(
     subject: Subject, total_gb: float, rollout_gb: float | None, fraction_flag: str
 ) -> list[Check]:
     """SGLang's static fraction holds the engine's weights plus the KV cache: the weights alone
     must fit, with room left for KV."""
-    m = subject.recipe.model
     engine_gpus = subject.int_arg("rollout-num-gpus-per-engine")
-    if rollout_gb is None or not engine_gpus or not m.parameters:
+    weights_gb = _rollout_weights_gb(subject)
+    if rollout_gb is None or weights_gb is None:
         return []
-    fp8 = "fp8" in m.name.lower()
-    weights_gb = m.parameters * (1 if fp8 else 2) / engine_gpus / GB
+    fp8 = _fp8_checkpoint(subject)
     ok = weights_gb < rollout_gb
     return [
         subject.check(
@@ -243,3 +275,69 @@ def _rollout_weights(
             threshold=round(rollout_gb, 1),
         )
     ]
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """One change of the memory knobs miles offers (flag -> value) and what it frees."""
+
+    args: dict[str, Any]
+    why: str
+
+
+def remedies(subject: Subject) -> tuple[float, list[Remedy]]:
+    """For a layout over its memory budget (NEAR_FULL of the GPU): the GB it needs, and each
+    single change of miles' memory knobs that would bring it within that budget (optimizer CPU
+    offload, offloading the training state during rollout, SGLang's static fraction).
+    Recompute and micro-batching change only activations, which this model does not count."""
+    r = subject.recipe
+    total_gb = gpu_memory_gb(r.cluster.gpu)
+    state = train_state(subject)
+    if total_gb is None or state is None:
+        return 0.0, []
+    budget = total_gb * NEAR_FULL
+    fraction_flag = "sglang-mem-fraction-static"
+    fraction = _fraction(subject.arg(fraction_flag))
+    resident = _train_resident_during_rollout(subject) and fraction is not None
+    rollout_gb = fraction * total_gb if resident and fraction is not None else 0.0
+    fixed_gb = (state.param_bytes + state.grad_bytes) / GB
+    optimizer_gb = state.optimizer_bytes / GB
+    need_gb = fixed_gb + optimizer_gb + rollout_gb
+    found: list[Remedy] = []
+    room = budget - fixed_gb - rollout_gb
+    full_gb = state.optimizer_full_bytes / GB
+    if 0 < room < optimizer_gb and full_gb > 0:
+        offload = min(math.ceil((1 - room / full_gb) * 100) / 100, 1.0)
+        change: dict[str, Any] = {"optimizer-offload-fraction": offload}
+        if not subject.flag_on("optimizer-cpu-offload"):
+            change = {
+                "optimizer-cpu-offload": True,
+                "use-precision-aware-optimizer": True,
+                **change,
+            }
+        found.append(
+            Remedy(
+                change,
+                f"optimizer state on the GPU {optimizer_gb:.0f} -> {full_gb * (1 - offload):.0f} GB",
+            )
+        )
+    if resident and fixed_gb + optimizer_gb <= budget:
+        found.append(
+            Remedy(
+                {"no-offload-train": False},
+                f"the training state ({fixed_gb + optimizer_gb:.0f} GB) leaves the GPU while "
+                f"SGLang's {rollout_gb:.0f} GB generate (slower weight sync)",
+            )
+        )
+    if resident and fraction is not None:
+        largest = math.floor((budget - fixed_gb - optimizer_gb) / total_gb * 100) / 100
+        weights = (_rollout_weights_gb(subject) or 0.0) / total_gb
+        if weights < largest < fraction:
+            found.append(
+                Remedy(
+                    {fraction_flag: largest},
+                    f"SGLang's static memory {fraction:g} -> {largest:g} of the GPU (its weights "
+                    f"take {weights:.2f}; {largest - weights:.2f} left for the KV cache)",
+                )
+            )
+    return need_gb, found

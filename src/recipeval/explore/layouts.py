@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from recipeval.checks import context, layout, memory
 from recipeval.checks.subject import Subject
 from recipeval.explore.cost import (
@@ -37,6 +39,7 @@ from recipeval.explore.cost import (
 )
 from recipeval.explore.emit import prepare_folder, write_variant
 from recipeval.recipe import LoadedRecipe
+from recipeval.recipe.load import DERIVED_FLAGS
 from recipeval.recipe.schema import Cluster, Parallel, Recipe, Sweep
 from recipeval.result import Check
 
@@ -202,6 +205,18 @@ class Exploration:
     candidates: int
     calibration: Calibration
     seconds: float
+    memory: MemoryAdvice | None = None  # set when memory rejected every layout
+
+
+@dataclass(frozen=True)
+class MemoryAdvice:
+    """Why nothing fits: the layout that needs least memory among those every other check
+    accepts, what it needs against the budget, and the knob changes that would each fit it."""
+
+    layout: Layout
+    need_gb: float
+    budget_gb: float
+    remedies: list[memory.Remedy]
 
 
 class LayoutError(ValueError):
@@ -304,6 +319,7 @@ def explore(
     layers = recipe.model.layers
     kept: list[Ranked] = []
     rejected: dict[str, Rejection] = {}
+    over_memory: list[tuple[float, Layout]] = []  # (GB needed, layout) of memory rejections
     candidates = 0
     for candidate in candidate_layouts(recipe, gpus):
         candidates += 1
@@ -325,6 +341,8 @@ def explore(
         if failed is not None:
             slot = rejected.setdefault(failed.id, Rejection(example=failed.message))
             slot.count += 1
+            if failed.id == "memory.per-gpu" and isinstance(failed.value, int | float):
+                over_memory.append((float(failed.value), candidate))
             continue
         per_gpu = next((c for c in mem if c.id == "memory.per-gpu"), None)
         limit = memory.gpu_memory_gb(recipe.cluster.gpu)
@@ -344,6 +362,9 @@ def explore(
     for ranked in kept:
         ranked.seconds = calibration.apply(ranked.cost)
     kept.sort(key=lambda r: (round(r.seconds, 6), -(r.headroom or 0.0)))
+    advice = None
+    if not kept and over_memory:
+        advice = _memory_advice(loaded, base, cluster, megatron, over_memory)
     return Exploration(
         recipe.name,
         gpus,
@@ -355,7 +376,54 @@ def explore(
         candidates,
         calibration,
         time.perf_counter() - start,
+        advice,
     )
+
+
+def _memory_advice(
+    loaded: LoadedRecipe,
+    base: Subject,
+    cluster: Cluster,
+    megatron: Any,
+    over_memory: list[tuple[float, Layout]],
+) -> MemoryAdvice | None:
+    """The least memory-hungry of the layouts memory rejected that pass every later check
+    (megatron-core's included), with the knob changes that would make it fit."""
+    for _, candidate in sorted(over_memory, key=lambda item: item[0]):
+        subject = _variant(loaded, base, candidate, cluster)
+        global_batch = context.global_batch(subject)
+        micro = layout.microbatch_check(subject, megatron, global_batch) if global_batch else None
+        later = ([micro] if micro else []) + layout.megatron_checks(subject, megatron)
+        if _first_failure(later) is not None:
+            continue
+        need_gb, remedies = memory.remedies(subject)
+        limit = memory.gpu_memory_gb(loaded.recipe.cluster.gpu) or 0.0
+        return MemoryAdvice(candidate, need_gb, limit * memory.NEAR_FULL, remedies)
+    return None
+
+
+def with_args(loaded: LoadedRecipe, changes: dict[str, Any]) -> LoadedRecipe:
+    """The recipe with flags set (a value of None or false drops a bare flag), validated as a
+    recipe file would be; raises LayoutError naming the flag."""
+    if not changes:
+        return loaded
+    derived = [flag for flag in changes if flag in DERIVED_FLAGS]
+    if derived:
+        key = DERIVED_FLAGS[derived[0]]
+        raise LayoutError(
+            f"--arg {derived[0]}: render derives this flag from {key}; the explorer varies the "
+            "layout itself, other keys are set in the recipe"
+        )
+    data = loaded.recipe.model_dump()
+    data["args"] = {**data["args"], **changes}
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as err:
+        first = str(err).splitlines()
+        raise LayoutError(
+            f"--arg {', '.join(changes)}: not a valid recipe value: {' '.join(first[1:3])}"
+        ) from None
+    return dataclasses.replace(loaded, recipe=recipe)
 
 
 def _calibration(measured: list[Measured], work: Workload, layers: int, hw: Any) -> Calibration:
@@ -382,8 +450,8 @@ COST_MODEL = (
     "at 35 % of the GPU's BF16 peak, stretched by pipeline imbalance and the 1F1B bubble) "
     "+ communication: tp (SP all-gather/reduce-scatter), cp (ring attention K/V), ep "
     "(MoE all-to-all), pp (stage activations), dp (gradients); intra-node vs network "
-    "bandwidth by placement. Memory: weights, gradients, optimizer state and SGLang's "
-    "static fraction, not activations"
+    "bandwidth by placement. Memory: weights, gradients, optimizer state (sharded by the "
+    "distributed optimizer) and SGLang's static fraction, not activations"
 )
 
 
@@ -421,6 +489,8 @@ def table_lines(found: Exploration, current: Layout | None, top: int | None) -> 
         lines.append(
             f"* the recipe's own layout{f' (rank {where})' if where else ': not among the valid ones'}"
         )
+    if found.memory is not None:
+        lines += memory_advice_lines(found.memory, found.layers)
     lines.append("")
     lines.append("rejected, by the first check that failed:")
     for reason, rej in sorted(found.rejected.items(), key=lambda kv: -kv[1].count):
@@ -428,11 +498,44 @@ def table_lines(found: Exploration, current: Layout | None, top: int | None) -> 
     return lines
 
 
+def _arg_text(flag: str, value: Any) -> str:
+    return f"--arg {flag}={str(value).lower() if isinstance(value, bool) else value}"
+
+
+def memory_advice_lines(advice: MemoryAdvice, layers: int) -> list[str]:
+    """Why no layout fits, and the knob values that would make one fit."""
+    lines = [
+        "",
+        (
+            f"no layout fits memory with this recipe's settings: the least memory-hungry that "
+            f"every other check accepts, {advice.layout.describe(layers)}, needs "
+            f"{advice.need_gb:.0f} GB per GPU against {advice.budget_gb:.0f} GB "
+            f"({memory.NEAR_FULL:.0%} of the GPU)"
+        ),
+    ]
+    if not advice.remedies:
+        lines.append(
+            "  no single memory knob of miles makes it fit (optimizer CPU offload, offloading "
+            "training during rollout, SGLang's static fraction; recompute and micro-batches "
+            "change only activations, not counted): give it more GPUs"
+        )
+        return lines
+    lines.append("  any one of these makes it fit (run again with it; --emit writes it too):")
+    for remedy in advice.remedies:
+        flags = " ".join(_arg_text(f, v) for f, v in remedy.args.items())
+        lines.append(f"    {flags}: {remedy.why}")
+    return lines
+
+
 def emit_layouts(
-    found: Exploration, loaded: LoadedRecipe, folder: Path, top: int | None
+    found: Exploration,
+    loaded: LoadedRecipe,
+    folder: Path,
+    top: int | None,
+    args: dict[str, Any] | None = None,
 ) -> list[Path]:
     """One recipe per kept layout (the best `top`): extends the original, changes `parallel`
-    (and `cluster` when the GPU count differs)."""
+    (and `cluster` when the GPU count differs, and `args` the exploration set)."""
     recipe = loaded.recipe
     cluster = {
         "nodes": found.nodes,
@@ -448,12 +551,14 @@ def emit_layouts(
     for rank, item in enumerate(found.kept[:top] if top else found.kept, 1):
         changes: dict[str, Any] = {} if same_cluster else {"cluster": cluster}
         changes["parallel"] = item.layout.parallel().model_dump(exclude_none=True)
+        if args:
+            changes["args"] = dict(args)
         sweep = Sweep(
             kind="layouts",
             base=recipe.name,
             rank=rank,
             predicted_s=round(item.seconds, 3),
-            keys=sorted(changes),
+            keys=sorted([k for k in changes if k != "args"] + [f"args.{f}" for f in args or {}]),
         )
         comment = (
             f"recipeval layouts: rank {rank} of {len(found.kept)} for {recipe.name} on "
@@ -508,6 +613,7 @@ __all__ = [
     "Layout",
     "LayoutError",
     "Measured",
+    "MemoryAdvice",
     "Ranked",
     "candidate_layouts",
     "current_layout",
@@ -516,7 +622,9 @@ __all__ = [
     "explore",
     "knob_variants",
     "measurements",
+    "memory_advice_lines",
     "pipeline_splits",
     "table_lines",
+    "with_args",
     "workload",
 ]
