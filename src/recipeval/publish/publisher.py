@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from recipeval.analysis.regression import RegressionSettings
 from recipeval.atomic import atomic_write_text
 from recipeval.exit_codes import FAILING_VERDICTS
-from recipeval.publish import history, tables
+from recipeval.publish import attribution, history, tables
 from recipeval.publish.compare import RecipeVerdict, judge_run
 from recipeval.publish.figures import all_figures, write_figures
 from recipeval.publish.junit import write_junit
@@ -109,6 +109,8 @@ def publish(
     history_frame = history.to_frame(runs)
     _write_text(out.tables / "benchmarks.md", tables.to_markdown(frame))
     _write_text(out.tables / "benchmarks.csv", frame.to_csv(index=False))
+    for name, text in attribution.outputs(records, grouped).items():
+        _write_text(out.tables / name, text)
     figures = None
     if plots:
         stage_results = [r for results in grouped.values() for r in results]
