@@ -16,6 +16,8 @@ from recipeval.explore.ablate import (
     static_judge,
 )
 from recipeval.recipe import load_recipe
+from recipeval.recipe.load import canonical_json
+from recipeval.recipe.schema import Sweep
 
 REPO = Path(__file__).resolve().parents[1]
 # The seed pair: miles' AMD launch just before PR #2139 and as the PR left it (both imported
@@ -48,9 +50,15 @@ def test_the_compressor_travels_with_unified_kv(tmp_path, judge):
     assert "kept together: alone, env_check fails rule.rocm" in "\n".join(plan_lines(ablation))
     paths = emit(ablation, tmp_path / "variants")
     assert len(paths) == len(ablation.groups) + 2  # none, each group, all
-    for path in paths:
+    # Each variant says which ablation it belongs to (publish groups them by base and after)
+    # and what it changes: BEFORE as is, each group, then every change.
+    wanted = [[], *(g.keys for g in ablation.groups), sorted(ablation.changes)]
+    for path, keys in zip(paths, wanted, strict=True):
         variant = load_recipe(path).recipe
         assert variant.sweep is not None and variant.sweep.kind == "ablation"
+        assert variant.sweep.base == before.recipe.name
+        assert variant.sweep.after == after.recipe.name
+        assert sorted(variant.sweep.keys) == sorted(keys)
         assert not [
             c
             for c in judge(variant)
@@ -77,3 +85,13 @@ def test_grouping_on_request_and_bad_pairs(judge):
         plan(before, before, judge)
     with pytest.raises(AblationError, match="one model"):
         plan(load_recipe(TINY), load_recipe(AFTER), judge)
+
+
+def test_a_sweep_without_after_keeps_its_hash():
+    """`sweep.after` came later: unset, it stays out of the identity (layout variants emitted
+    before it keep their hash)."""
+    tiny = load_recipe(TINY).recipe
+    swept = tiny.model_copy(update={"sweep": Sweep(kind="layouts", base=tiny.name, rank=1)})
+    assert '"after"' not in canonical_json(swept)
+    named = swept.model_copy(update={"sweep": Sweep(kind="ablation", base="a", after="b")})
+    assert '"after":"b"' in canonical_json(named)

@@ -6,9 +6,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from recipeval.analysis.attribution import Effect, estimate_effect, interaction, sample_effect
+from recipeval.analysis.attribution import (
+    Effect,
+    estimate_effect,
+    interaction,
+    per_sample_logprob,
+    sample_effect,
+)
 
 
 def test_a_real_shift_is_distinguishable_and_noise_is_not():
@@ -35,3 +42,21 @@ def test_interaction_is_the_whole_minus_the_parts():
     assert additive.estimate == 0.0 and not additive.distinguishable
     synergy = interaction(Effect(9.0, 8.0, 10.0), parts)
     assert synergy.estimate == 4.0 and synergy.distinguishable
+
+
+def test_per_sample_logprob_averages_each_samples_trained_tokens():
+    tokens = pd.DataFrame(
+        {
+            "rollout_id": [0, 0, 0, 0, 1],
+            "sample": [0, 0, 0, 1, 0],
+            "logp_rollout": [-1.0, -2.0, -9.0, -0.5, -1.0],
+            "logp_train": [-1.5, -1.0, -1.0, -0.5, -1.2],
+            "loss_mask": [1, 1, 0, 1, 1],
+        }
+    )
+    per_sample = per_sample_logprob(tokens)
+    assert len(per_sample) == 3  # (0, 0), (0, 1), (1, 0); the masked token is left out
+    assert per_sample["mean_abs_diff"].tolist() == pytest.approx([0.75, 0.0, 0.2])
+    assert per_sample["mean_diff"].tolist() == pytest.approx([-0.25, 0.0, 0.2])
+    d = np.array([0.5, -1.0])
+    assert per_sample["k3_kl"][0] == pytest.approx(float(np.mean(np.exp(d) - d - 1)))

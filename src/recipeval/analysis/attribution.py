@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
-Z95 = float(stats.norm.ppf(0.975))
+from recipeval.analysis.logprob import K3_CLAMP, SAMPLE_KEYS
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,23 @@ def estimate_effect(
     return Effect(diff, diff - half, diff + half)
 
 
+def per_sample_logprob(tokens: pd.DataFrame) -> pd.DataFrame:
+    """One row per sample (rollout id, sample) of a token dump: its mean |d|, mean signed d and
+    mean k3 KL over its trained tokens (d = rollout - train logprob), the per-sample means
+    analysis.logprob's statistics average; the samples an effect's interval is taken over."""
+    masked = tokens[tokens["loss_mask"].astype(bool)]
+    d = masked["logp_rollout"].to_numpy(float) - masked["logp_train"].to_numpy(float)
+    per_token = pd.DataFrame(
+        {
+            "mean_abs_diff": np.abs(d),
+            "mean_diff": d,
+            "k3_kl": np.clip(np.exp(d) - d - 1, -K3_CLAMP, K3_CLAMP),
+        },
+        index=pd.MultiIndex.from_frame(masked[SAMPLE_KEYS]),
+    )
+    return per_token.groupby(level=SAMPLE_KEYS).mean().reset_index(drop=True)
+
+
 def interaction(whole: Effect, parts: Sequence[Effect]) -> Effect:
     """The whole change's effect minus the sum of the single ones: zero when the keys act
     independently. Half-widths add in quadrature."""
@@ -95,4 +113,11 @@ def interaction(whole: Effect, parts: Sequence[Effect]) -> Effect:
     return Effect(diff, diff - half, diff + half)
 
 
-__all__ = ["NO_EFFECT", "Effect", "estimate_effect", "interaction", "sample_effect"]
+__all__ = [
+    "NO_EFFECT",
+    "Effect",
+    "estimate_effect",
+    "interaction",
+    "per_sample_logprob",
+    "sample_effect",
+]

@@ -232,7 +232,7 @@ def emit(ablation: Ablation, folder: Path) -> list[Path]:
     )
     written = []
     for suffix, keys, why in plans:
-        sweep = Sweep(kind="ablation", base=base, keys=keys)
+        sweep = Sweep(kind="ablation", base=base, keys=keys, after=ablation.after.recipe.name)
         comment = (
             f"recipeval ablate {ablation.before.path.name} -> {ablation.after.path.name}: "
             f"{', '.join(keys) or 'no change'}\nwhy grouped: {why}"

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from recipeval.analysis.regression import RegressionSettings
 from recipeval.atomic import atomic_write_text
 from recipeval.exit_codes import FAILING_VERDICTS
-from recipeval.publish import history, layout_table, tables
+from recipeval.publish import attribution, history, layout_table, tables
 from recipeval.publish.compare import RecipeVerdict, judge_run
 from recipeval.publish.figures import all_figures, write_figures
 from recipeval.publish.junit import write_junit
@@ -110,6 +110,8 @@ def publish(
     _write_text(out.tables / "benchmarks.md", tables.to_markdown(frame))
     _write_text(out.tables / "benchmarks.csv", frame.to_csv(index=False))
     layout_table.write_tables(records, out.tables, _write_text)
+    for name, text in attribution.outputs(records, grouped).items():
+        _write_text(out.tables / name, text)
     figures = None
     if plots:
         stage_results = [r for results in grouped.values() for r in results]

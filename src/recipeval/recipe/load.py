@@ -81,9 +81,9 @@ class LoadedRecipe:
         return RecipeError(file, message, key, line)
 
 
-# Optional top-level keys added to the format later: unset, they stay out of the identity,
-# so a new key in the schema does not change the hash of every existing recipe.
-_UNSET_NOT_HASHED = ("sweep", "allow_exec_env")
+# Optional keys added to the format later (dotted: nested): unset, they stay out of the
+# identity, so a new key in the schema does not change the hash of every existing recipe.
+_UNSET_NOT_HASHED = ("sweep.after", "sweep", "allow_exec_env")
 
 
 def canonical_json(recipe: Recipe) -> str:
@@ -91,8 +91,12 @@ def canonical_json(recipe: Recipe) -> str:
     provenance, not a setting: naming the upstream commit leaves the identity unchanged."""
     data = recipe.model_dump(mode="json", exclude={"extends", "source"})
     for key in _UNSET_NOT_HASHED:
-        if data.get(key) in (None, []):
-            data.pop(key, None)
+        *parents, leaf = key.split(".")
+        node = data
+        for part in parents:
+            node = node.get(part) or {}
+        if node.get(leaf) in (None, []):
+            node.pop(leaf, None)
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -228,6 +228,11 @@ class Sweep(Strict):
         None, description="predicted training seconds per rollout (layouts)"
     )
     keys: list[str] = Field(default_factory=list, description="the keys this variant changes")
+    after: str | None = Field(
+        None,
+        description="ablation: the name of the recipe after the change (with `base`, the one "
+        "ablation this variant belongs to)",
+    )
 
 
 class Source(Strict):
