@@ -65,6 +65,8 @@ def rollout_process(config: EngineConfig, device: str, rendezvous: str, conn: Co
 
 
 def _serve(config: EngineConfig, device: torch.device, rendezvous: Path, conn: Connection) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # the decoder's streams and CUDA graphs use the current one
     # The seeded init only gives the tensors their shapes: the first broadcast replaces it.
     state = build_model(config.model, config.seed, "sdpa").state_dict()
     worker = RolloutWorker(config, state, device)
@@ -93,6 +95,8 @@ class DistributedWorkers:
 
     def __init__(self, config: EngineConfig, state: dict[str, torch.Tensor]) -> None:
         trainer_device, rollout_device = placement(config)
+        if trainer_device.type == "cuda":
+            torch.cuda.set_device(trainer_device)
         self.trainer = Trainer(config, state, trainer_device)
         self._folder = Path(tempfile.mkdtemp(prefix="recipeval-weightsync-"))
         context = torch.multiprocessing.get_context("spawn")
