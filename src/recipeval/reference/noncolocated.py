@@ -13,6 +13,7 @@ import shutil
 import signal
 import tempfile
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -112,11 +113,12 @@ class DistributedWorkers:
         child_conn.close()
         try:
             self._expect("start-up")
-            join_group(
-                self._folder / "rendezvous",
-                TRAINER_RANK,
-                trainer_device,
-                config.weight_sync_timeout,
+            rendezvous = self._folder / "rendezvous"
+            self._collective(
+                "the rendezvous",
+                lambda: join_group(
+                    rendezvous, TRAINER_RANK, trainer_device, config.weight_sync_timeout
+                ),
             )
             self._in_group = True
             self._collective(
@@ -197,7 +199,7 @@ class DistributedWorkers:
         self._waiting = False
         return reply
 
-    def _collective(self, doing: str, call: Any) -> None:
+    def _collective(self, doing: str, call: Callable[[], None]) -> None:
         try:
             call()
         except RuntimeError as exc:  # torch.distributed's errors (peer gone, timeout)
