@@ -137,3 +137,11 @@ def test_more_than_one_rollout_device_is_one_clear_line():
     assert done.returncode == 2 and "Traceback" not in done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert "--rollout-num-gpus 2" in line and "colocate: true" in line
+
+
+@pytest.mark.parametrize(
+    ("flags", "noncolocated"),
+    [((), False), (NONCOLOCATED, True), (("--colocate", *NONCOLOCATED), False)],
+)
+def test_placement_follows_miles_colocate_rule(flags, noncolocated):
+    assert parse_args([*TINY, *flags]).noncolocated is noncolocated
