@@ -15,8 +15,9 @@ from recipeval.recipe.load import recipe_sha256
 from recipeval.recipe.resolve import Resolved
 
 MODULE = "recipeval.reference"
-# Its layout is fixed (one device): what changes its speed, which `recipeval layouts` sweeps
-# instead. flag -> values, the trainer's default first.
+# Its layout is fixed (one device, or one for the trainer and one for the rollout worker when
+# non-colocated): what changes its speed, which `recipeval layouts` sweeps instead.
+# flag -> values, the trainer's default first.
 SPEED_KNOBS: dict[str, tuple[object, ...]] = {
     "micro-batch-size": (0, 8),
     "recompute-activations": (False, True),

@@ -1,7 +1,8 @@
 """`python -m recipeval.reference <flags>`: the command the launcher renders.
 
-Exit codes: 0 done, 2 bad flags (one line naming the flag), 143 stopped by SIGTERM (130 by
-SIGINT) after closing the partial dump and stopping its Ray actors."""
+Exit codes: 0 done, 1 the non-colocated rollout process died (one line saying how), 2 bad
+flags (one line naming the flag), 143 stopped by SIGTERM (130 by SIGINT) after closing the
+partial dump and stopping its Ray actors or rollout process."""
 
 from __future__ import annotations
 
@@ -33,12 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_stopped)
     signal.signal(signal.SIGINT, _raise_stopped)
     from recipeval.reference.loop import run
+    from recipeval.reference.noncolocated import RolloutWorkerFailed
 
     try:
         run(config)
     except ConfigError as exc:
         print(f"python -m recipeval.reference: error: {exc}", file=sys.stderr)
         return 2
+    except RolloutWorkerFailed as exc:
+        print(f"python -m recipeval.reference: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     except Stopped as stop:
         print(f"reference engine: stopped by {stop}", file=sys.stderr, flush=True)
         return 128 + stop.signum

@@ -69,10 +69,20 @@ class EngineConfig:
     ray: str
     num_gpus: int
     cpu_threads: int
+    colocate: bool
+    rollout_num_gpus: int | None
+    weight_sync_timeout: float
 
     @property
     def samples_per_rollout(self) -> int:
         return self.rollout_batch_size * self.n_samples_per_prompt
+
+    @property
+    def noncolocated(self) -> bool:
+        """miles' placement rule: `--colocate` shares the devices; without it the rollout gets
+        `--rollout-num-gpus` devices of its own. With neither, the reference engine keeps its
+        single-device default (colocated)."""
+        return not self.colocate and self.rollout_num_gpus is not None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
@@ -127,6 +137,27 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--actor-num-nodes", type=int, default=1)
     cluster.add_argument("--actor-num-gpus-per-node", type=int, default=0)
     cluster.add_argument("--num-gpus-per-node", type=int, default=0)
+    cluster.add_argument(
+        "--colocate",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_bool_word,
+        help="rollout worker and trainer share one device, weights copied in process",
+    )
+    cluster.add_argument(
+        "--rollout-num-gpus",
+        type=_positive_int,
+        help="without --colocate: the rollout worker's own devices (its own process; weights "
+        "broadcast through torch.distributed, NCCL on GPUs, gloo on CPU); the reference engine "
+        "rolls out on exactly 1",
+    )
+    cluster.add_argument(
+        "--weight-sync-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a torch.distributed collective of the non-colocated mode may wait",
+    )
 
     flag("--num-rollout", type=_positive_int, default=1)
     flag("--rollout-batch-size", type=_positive_int, default=8, help="prompts per rollout")
@@ -267,6 +298,9 @@ def parse_args(argv: list[str]) -> EngineConfig:
         ray=ns.ray,
         num_gpus=max(ns.actor_num_nodes * ns.actor_num_gpus_per_node, 0),
         cpu_threads=ns.cpu_threads,
+        colocate=ns.colocate,
+        rollout_num_gpus=ns.rollout_num_gpus,
+        weight_sync_timeout=ns.weight_sync_timeout,
     )
     check(config)
     return config
@@ -309,3 +343,23 @@ def check(config: EngineConfig) -> None:
         raise ConfigError(f"--micro-batch-size must be >= 0, got {config.micro_batch_size}")
     if config.warm_start_steps < 0:
         raise ConfigError(f"--warm-start-steps must be >= 0, got {config.warm_start_steps}")
+    if config.noncolocated:
+        check_noncolocated(config)
+
+
+def check_noncolocated(config: EngineConfig) -> None:
+    if config.rollout_num_gpus != 1:
+        raise ConfigError(
+            f"--rollout-num-gpus {config.rollout_num_gpus}: the reference engine rolls out on "
+            "one device; set rollout-num-gpus to 1 (or colocate: true)"
+        )
+    if config.ray == "on":
+        raise ConfigError(
+            "--ray on with --rollout-num-gpus (non-colocated): the rollout worker then runs as "
+            "a process of its own, not a Ray actor; drop --ray on or set colocate: true"
+        )
+    if not 0 < config.weight_sync_timeout < float("inf"):
+        raise ConfigError(
+            f"--weight-sync-timeout must be a positive number of seconds, got "
+            f"{config.weight_sync_timeout}"
+        )

@@ -1,9 +1,12 @@
 """The driver: rollout -> train -> weight sync, per rollout id, in miles' order.
 
-Without Ray the rollout worker and the trainer are two objects in this process, each with its
-own weights; with Ray (inside a Ray job, or `--ray on`) they are two Ray actors and the weights
-travel through the object store. Either way the weight sync copies the trainer's weights into
-the rollout worker's own tensors; `--skip-weight-sync` (the planted fault) leaves them stale.
+Colocated, without Ray the rollout worker and the trainer are two objects in this process, each
+with its own weights; with Ray (inside a Ray job, or `--ray on`) they are two Ray actors and the
+weights travel through the object store. Non-colocated (`--rollout-num-gpus` without
+`--colocate`), the rollout worker is a process of its own on its own device and the weights are
+broadcast through torch.distributed (noncolocated.py). Every way the weight sync copies the
+trainer's weights into the rollout worker's own tensors; `--skip-weight-sync` (the planted
+fault) leaves them stale.
 With `--score-tokens DUMP` the rollout worker scores DUMP's responses instead of sampling, and
 the trainer trains on them: another variant's tokens under this variant's rollout path.
 """
@@ -22,6 +25,7 @@ from recipeval.reference.config import ConfigError, EngineConfig
 from recipeval.reference.dump import DumpError, LogprobDump, Responses, read_responses
 from recipeval.reference.logfmt import MAIN, configure_logging
 from recipeval.reference.modeling import resolve_device
+from recipeval.reference.noncolocated import DistributedWorkers
 from recipeval.reference.rollout import RolloutBatch, RolloutWorker, limit_cpu_threads
 from recipeval.reference.trainer import Trainer, TrainResult
 from recipeval.reference.warmstart import initial_state
@@ -149,12 +153,20 @@ def run(config: EngineConfig) -> list[dict[str, Any]]:
     configure_logging()
     limit_cpu_threads(config)
     device = resolve_device(config)
+    placement = "non-colocated" if config.noncolocated else "colocated"
+    ray = use_ray(config) and not config.noncolocated
     logger.info(
-        f"reference engine: device {device}, ray {use_ray(config)}, config {config.to_dict()}"
+        f"reference engine: device {device}, {placement}, ray {ray}, config {config.to_dict()}"
     )
     given = read_given(config)
     state = initial_state(config, device)
-    workers: Workers = RayWorkers(config, state) if use_ray(config) else LocalWorkers(config, state)
+    workers: Workers
+    if config.noncolocated:
+        workers = DistributedWorkers(config, state)
+    elif ray:
+        workers = RayWorkers(config, state)
+    else:
+        workers = LocalWorkers(config, state)
     dump = LogprobDump(config.dump_logprobs) if config.dump_logprobs else None
     history: list[dict[str, Any]] = []
     try:

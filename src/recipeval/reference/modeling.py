@@ -51,6 +51,26 @@ def resolve_device(config: EngineConfig) -> torch.device:
     return device
 
 
+def placement(config: EngineConfig) -> tuple[torch.device, torch.device]:
+    """(trainer device, rollout device). Colocated: one device for both. Non-colocated: on CPU
+    two processes share it; on CUDA the trainer takes the named (or first) GPU and the rollout
+    worker the next one, as miles gives the actors the first GPUs and the rollout the rest."""
+    device = resolve_device(config)
+    if not config.noncolocated or device.type == "cpu":
+        return device, device
+    first = device.index or 0
+    visible = torch.cuda.device_count()
+    if first + 2 > visible:
+        from recipeval.reference.config import ConfigError
+
+        raise ConfigError(
+            f"--rollout-num-gpus {config.rollout_num_gpus} without --colocate needs a GPU for "
+            f"the trainer and one for the rollout worker (cuda:{first} and cuda:{first + 1}) "
+            f"but torch sees {visible}; run on 2 GPUs or set colocate: true"
+        )
+    return torch.device("cuda", first), torch.device("cuda", first + 1)
+
+
 def parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

@@ -34,11 +34,16 @@ class RolloutBatch:
 
 
 class RolloutWorker:
-    def __init__(self, config: EngineConfig, state: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        state: dict[str, torch.Tensor],
+        device: torch.device | None = None,
+    ) -> None:
         configure_logging()
         limit_cpu_threads(config)
         self.config = config
-        self.device = resolve_device(config)
+        self.device = device or resolve_device(config)
         model = build_model(config.model, config.seed, config.rollout_attn_implementation)
         model.load_state_dict(state)
         self.model = cast_weights(model, self.device, DTYPES[config.rollout_dtype]).eval()
@@ -91,7 +96,10 @@ class RolloutWorker:
         rollout_time = time.perf_counter() - start
         mask = generation.mask.cpu().clone()
         lengths = mask.sum(dim=-1)
-        devices = max(config.num_gpus, 1) if self.device.type == "cuda" else 1
+        devices = 1
+        if self.device.type == "cuda":
+            # miles divides by the rollout's own GPUs: all of them when colocated.
+            devices = config.rollout_num_gpus if config.noncolocated else max(config.num_gpus, 1)
         logger.info(
             metrics_message(
                 "perf",

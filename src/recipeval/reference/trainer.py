@@ -32,11 +32,16 @@ class TrainResult:
 
 
 class Trainer:
-    def __init__(self, config: EngineConfig, state: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        state: dict[str, torch.Tensor],
+        device: torch.device | None = None,
+    ) -> None:
         configure_logging()
         limit_cpu_threads(config)
         self.config = config
-        self.device = resolve_device(config)
+        self.device = device or resolve_device(config)
         model = build_model(config.model, config.seed, config.train_attn_implementation)
         model.load_state_dict(state)
         self.model = model.to(self.device)
