@@ -4,6 +4,7 @@ stopping rule stops through the runner."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -150,16 +151,26 @@ for i in range(400):
 """
 
 
-def test_live_run_is_stopped_by_the_stopping_rule(tmp_path):
+def test_live_run_is_stopped_by_the_stopping_rule(tmp_path, capsys):
     recipe = load_recipe(bench_recipe(tmp_path, rel_ci=0.02, min_steps=5, max_steps=300))
     request = StageRequest(stage="bench", loaded=recipe, out=tmp_path, runner="local", timeout=60)
     resolved, _ = resolve_and_render(request)
     options = recipe.recipe.stages.bench
     watcher = BenchWatcher(list(options.metrics), stopping_rule(options))
     outcome = execute(
-        request, resolved, python_launch(STEADY_PROGRAM), request.artifact(".log"), watcher
+        request,
+        resolved,
+        python_launch(STEADY_PROGRAM),
+        request.artifact(".log"),
+        watcher,
+        watcher.precision,
     )
     assert outcome.run.stopped and outcome.failure is None
+    # One progress line per finished rollout, with the widest interval against rel_ci.
+    progress = [line for line in capsys.readouterr().err.splitlines() if "rollout" in line]
+    assert len(progress) == len(outcome.steps)
+    assert "interval not formed yet (rel_ci 2 %)" in progress[0]
+    assert re.search(r"interval \d+\.\d% \(rel_ci 2 %\)", progress[-1]), progress[-1]
     assert 2 + 5 <= len(outcome.steps) < 30
     judgement, estimates = judge(outcome, options, {}, watcher)
     assert judgement.error is None and all(c.ok for c in judgement.checks)

@@ -165,10 +165,13 @@ def smoke_with(
     return result, outcome
 
 
-def test_clean_run_passes(tmp_path):
+def test_clean_run_passes_with_a_progress_line_per_rollout(tmp_path, capsys):
     result, outcome = smoke_with(miles_like_program(3), tmp_path)
     assert result.status == "pass", result.message
     assert outcome.run.exit_code == 0 and len(outcome.steps) == 3
+    lines = capsys.readouterr().err.splitlines()
+    for i in (1, 2, 3):
+        assert any(line.startswith(f"smoke tiny-grpo-cpu: rollout {i}/3, ") for line in lines)
 
 
 def test_crash_mid_run_is_error_with_the_crash_lines(tmp_path):

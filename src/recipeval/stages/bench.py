@@ -43,6 +43,7 @@ from recipeval.stages.common import (
     run_summary,
 )
 from recipeval.stages.driver import Stage, Verdict
+from recipeval.stages.progress import Precision
 
 STAGE = "bench"
 TOKENS_PER_GPU = "perf/tokens_per_gpu_per_sec"
@@ -93,6 +94,21 @@ class BenchWatcher:
         self.calls += 1
         self.seconds += time.perf_counter() - start
         return self.decision.stop
+
+    def precision(self) -> Precision | None:
+        """The widest watched interval so far, for the progress line (None: no decision yet)."""
+        if self.decision is None:
+            return None
+        estimates = [self.decision.estimates.get(m) for m in self.metrics]
+        widths = [e.interval.rel_width if e is not None else math.inf for e in estimates]
+        used = [e.used if e is not None else 0 for e in estimates]
+        return Precision(
+            rel_width=max(widths, default=math.inf),
+            rel_ci=self.rule.rel_ci,
+            steady_steps=min(used, default=0),
+            min_steps=self.rule.min_steps,
+            max_steps=self.rule.max_steps,
+        )
 
 
 def higher_is_better(metric: str) -> bool:
@@ -271,7 +287,14 @@ def execute_bench(request: StageRequest) -> Verdict:
     watcher = (
         None if request.from_log else BenchWatcher(list(options.metrics), stopping_rule(options))
     )
-    outcome = execute(request, resolved, launch, request.artifact(".log"), watcher)
+    outcome = execute(
+        request,
+        resolved,
+        launch,
+        request.artifact(".log"),
+        watcher,
+        watcher.precision if watcher is not None else None,
+    )
     expect = dict(request.loaded.recipe.expect.get("bench", {}))
     judgement, estimates = judge(outcome, options, expect, watcher)
     artifacts = _plot(request, outcome.steps, list(options.metrics), estimates)

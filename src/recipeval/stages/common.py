@@ -30,6 +30,7 @@ from recipeval.recipe import LoadedRecipe, Resolved, resolve
 from recipeval.result import Check, Status, scrub, secret_values, status_from_checks
 from recipeval.runners import RunnerError, RunResult, default_runner_name, make_runner
 from recipeval.runners.base import stop_job_on_termination
+from recipeval.stages.progress import Precision, StageProgress
 
 TAIL_LINES = 30
 
@@ -181,20 +182,47 @@ def resolve_and_render(
         raise request.loaded.error(err.key, err.message) from None
 
 
+def _with_progress(
+    on_steps: OnSteps | None,
+    progress: StageProgress,
+    precision: Callable[[], Precision | None] | None,
+) -> OnSteps:
+    def hook(steps: pd.DataFrame) -> bool:
+        stop = on_steps(steps) if on_steps is not None else False
+        progress.update(steps, precision() if precision is not None else None)
+        return stop
+
+    return hook
+
+
 def execute(
     request: StageRequest,
     resolved: Resolved,
     launch: Launch,
     log_path: Path,
     on_steps: OnSteps | None = None,
+    precision: Callable[[], Precision | None] | None = None,
+    label: str | None = None,
 ) -> StageRun:
-    """Run the launch (or read request.from_log), streaming into log_path and the parser."""
+    """Run the launch (or read request.from_log), streaming into log_path and the parser; one
+    progress line per finished rollout goes to stderr (`precision`: the bench's intervals so
+    far, for its line; `label`: what the line calls the run, default the stage)."""
     secrets = secret_values({**os.environ, **launch.env}, launch.argv)
     stop = threading.Event()
     if request.from_log is not None:
         return _from_log(request, resolved, launch, log_path, secrets)
+    total = resolved.args.get("num-rollout")
+    progress = StageProgress(
+        label or request.stage,
+        resolved.recipe.name,
+        int(total) if isinstance(total, int) else None,
+    )
     sink = LogSink(
-        log_path, secrets, engine_for(resolved.recipe.engine).parser(resolved), on_steps, stop
+        log_path,
+        secrets,
+        engine_for(resolved.recipe.engine).parser(resolved),
+        _with_progress(on_steps, progress, precision),
+        stop,
     )
     runner_name = request.runner or default_runner_name()
     timeout = request.timeout or (resolved.options.timeout if resolved.options else None)
@@ -211,6 +239,7 @@ def execute(
         failure = f"runner {runner_name} failed: {type(err).__name__}: {err}"
     finally:
         sink.close()
+        progress.close()
     failure = failure or sink.callback_error
     return StageRun(
         resolved, launch, run, sink.parsed(), log_path, list(sink.tail), runner_name, failure, info

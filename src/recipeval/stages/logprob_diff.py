@@ -141,7 +141,13 @@ def run_variant(
         resolved = dataclasses.replace(resolved, args={**resolved.args, **extra})
     dump.unlink(missing_ok=True)
     log_path = request.out / f".{STAGE}.{file_safe(label)}.{kind}.log"
-    outcome = execute(request, resolved, render(resolved), log_path)
+    outcome = execute(
+        request,
+        resolved,
+        render(resolved),
+        log_path,
+        label=f"{STAGE} {label}{' re-score' if score_tokens else ''}",
+    )
     lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
     log_path.unlink(missing_ok=True)
     tokens = None
