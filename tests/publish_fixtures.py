@@ -62,13 +62,14 @@ def write_run(
     packages: dict | None = None,
     smoke_status: str = "pass",
     smoke_message: str = "",
+    env_checks: list[Check] | None = None,
 ) -> Path:
     """One recipe's four stage results as one night's run; returns the results folder."""
     name = load_recipe(recipe_path).recipe.name
     out = folder / name
     gate_ok = smoke_status == "pass"
     results = [
-        stage_result("env_check", recipe_path, when, packages=packages),
+        stage_result("env_check", recipe_path, when, packages=packages, checks=env_checks),
         stage_result(
             "smoke",
             recipe_path,

@@ -254,7 +254,11 @@ def test_env_check_warns_on_drift_when_a_checkout_is_configured(cli, checkout, t
     resolved = resolve(load_recipe(changed).recipe, None, None)
     check = drift_check(resolved, {"MILES_DIR": str(root)})
     assert check is not None and (check.ok, check.severity) == (False, "warning")
-    assert [d["name"] for d in check.value] == ["lr"]
+    head = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert check.value["upstream_commit"] == head
+    assert [d["name"] for d in check.value["differences"]] == ["lr"]
     assert "flag --lr: upstream '1e-6', ours '2e-6'" in check.message
     same = drift_check(resolve(load_recipe(out).recipe, None, None), {"MILES_DIR": str(root)})
     assert same is not None and same.ok

@@ -15,6 +15,7 @@ from publish_fixtures import AMD_RECIPE, night, write_run
 
 from recipeval.analysis.regression import RegressionSettings
 from recipeval.publish.publisher import PublishOutputs, publish
+from recipeval.result import Check
 
 
 def _publish_night(tmp: Path, n: int, plots: bool = False, **kwargs) -> tuple[Path, object]:
@@ -63,6 +64,44 @@ def test_sglang_bump_jump_is_flagged_first_night_and_points_at_the_package(tmp_p
         "deepseek-v4-flash-4node-mi355x/history-logprob_diff.train_rollout_logprob_abs_diff.png"
         in plots
     )
+
+
+def _drift(commit: str, *lr: str) -> list[Check]:
+    """env_check's upstream-drift warning as checks/drift.py writes it."""
+    diffs = [
+        {"kind": "flag", "name": "lr", "change": "changed", "expected": lr[0], "actual": lr[1]}
+        for _ in lr[:1]
+    ]
+    return [
+        Check(
+            id="miles.drift",
+            ok=not lr,
+            severity="warning",
+            key="source",
+            value={"upstream_commit": commit, "differences": diffs},
+        )
+    ]
+
+
+def test_upstream_drift_is_published_and_named_in_what_changed(tmp_path: Path) -> None:
+    """The nightly shows drift per recipe, and a jump that came with an upstream change names
+    the new upstream commit and the flag the recipe no longer matches."""
+    old, new = "a" * 40, "b" * 40
+    for n, value in enumerate([0.045, 0.046, 0.044, 0.045, 0.047, 0.044, 0.045]):
+        _, outcome = _publish_night(tmp_path, n, logprob=value, env_checks=_drift(old))
+        assert outcome.ok
+    results, outcome = _publish_night(
+        tmp_path, 7, logprob=0.213, env_checks=_drift(new, "1e-6", "2e-6")
+    )
+    (verdict,) = outcome.verdicts.values()
+    assert verdict.status == "regressed"
+    changes = {(c.kind, c.key): (c.before, c.after) for c in verdict.changes}
+    assert changes == {
+        ("upstream", "commit"): (old, new),
+        ("upstream", "flag.lr"): (None, "'1e-6' -> '2e-6'"),
+    }
+    table = (results / "tables/benchmarks.md").read_text()
+    assert "| 1: flag.lr at bbbbbbbbbbbb |" in table
 
 
 def test_stage_plots_become_plot_files_and_stale_ones_go(tmp_path: Path) -> None:

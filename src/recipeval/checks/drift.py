@@ -16,7 +16,8 @@ from recipeval.result import Check
 
 def drift_check(resolved: Resolved, environ: Mapping[str, str] | None = None) -> Check | None:
     """None unless the recipe is a miles recipe with a `source` and a checkout is configured;
-    else a warning Check that fails on drift (or when the launch cannot be re-recorded)."""
+    else a warning Check that fails on drift (or when the launch cannot be re-recorded). Its
+    value (the upstream commit and each difference) is what publish tracks night to night."""
     environ = os.environ if environ is None else environ
     if resolved.recipe.engine != "miles" or resolved.recipe.source is None:
         return None
@@ -39,5 +40,8 @@ def drift_check(resolved: Resolved, environ: Mapping[str, str] | None = None) ->
         severity="warning",
         key="source",
         message="\n".join(report.lines()),
-        value=[asdict(d) for d in report.differences],
+        value={
+            "upstream_commit": report.upstream_commit,
+            "differences": [asdict(d) for d in report.differences],
+        },
     )

@@ -69,11 +69,13 @@ def tracked(metric: str, has_interval: bool) -> bool:
 
 
 def what_changed(before: RunRecord, after: RunRecord) -> list[Change]:
-    """Differences that can explain a change: recipe values, package versions, provenance."""
+    """Differences that can explain a change: recipe values, package versions, the upstream
+    launch (its commit, and what the recipe no longer matches), provenance."""
     changes: list[Change] = []
     for kind, old, new in (
         ("recipe", before.recipe_values, after.recipe_values),
         ("package", before.packages, after.packages),
+        ("upstream", before.upstream, after.upstream),
         (
             "provenance",
             {k: before.provenance.get(k) for k in PROVENANCE_FIELDS},

@@ -53,6 +53,11 @@ class RunRecord(BaseModel):
     packages: dict[str, str] = Field(default_factory=dict)
     provenance: dict[str, str | None] = Field(default_factory=dict)
     recipe_values: dict[str, Any] = Field(default_factory=dict)
+    upstream: dict[str, str] = Field(
+        default_factory=dict,
+        description="env_check's drift check: 'commit' (upstream's) and each drifted flag or "
+        "env var -> 'upstream -> ours'; empty where no checkout was configured",
+    )
 
     def stage_ok(self, stage: str) -> bool:
         outcome = self.stages.get(stage)
@@ -61,6 +66,10 @@ class RunRecord(BaseModel):
     @property
     def failed(self) -> bool:
         return any(o.status in ("fail", "error") for o in self.stages.values())
+
+
+# env_check's upstream-drift check ids end so (checks/drift.py: miles.drift).
+DRIFT_CHECK_SUFFIX = ".drift"
 
 
 def _number(value: Any) -> float | None:
@@ -123,6 +132,19 @@ def _run_id(results: list[StageResult]) -> str:
     return hashlib.sha256(json.dumps(sorted(key, key=str)).encode()).hexdigest()[:16]
 
 
+def upstream_of(drift: dict[str, Any]) -> dict[str, str]:
+    """The drift check's value as the history keeps it: the upstream commit, and each flag or
+    env var that differs (`flag.lr`, `env.NCCL_X`) as 'upstream -> ours', secrets fingerprinted
+    on both sides."""
+    out: dict[str, Any] = {"commit": str(drift.get("upstream_commit", ""))}
+    for diff in drift.get("differences", []):
+        name = f"{diff.get('kind', '')}.{diff.get('name', '')}"
+        upstream = fingerprint_secrets({name: diff.get("expected")})[name]
+        ours = fingerprint_secrets({name: diff.get("actual")})[name]
+        out[name] = f"{upstream!r} -> {ours!r}"
+    return out
+
+
 def build_record(results: Iterable[StageResult]) -> RunRecord:
     """Fold one recipe's stage results (any subset of the stages) into a RunRecord."""
     ordered = sorted(results, key=lambda r: STAGES.index(r.stage) if r.stage in STAGES else 99)
@@ -135,6 +157,7 @@ def build_record(results: Iterable[StageResult]) -> RunRecord:
     packages: dict[str, str] = {}
     provenance: dict[str, str | None] = {}
     expect: dict[str, str] = {}
+    upstream: dict[str, str] = {}
     for res in ordered:
         prov = res.provenance
         stages[res.stage] = StageSummary(
@@ -156,6 +179,8 @@ def build_record(results: Iterable[StageResult]) -> RunRecord:
         for check in res.checks:
             if "expect" in check.id:
                 expect[check.id] = "ok" if check.ok else (check.message or "outside the band")
+            if check.id.endswith(DRIFT_CHECK_SUFFIX) and isinstance(check.value, dict):
+                upstream = upstream_of(check.value)
     dates = [r.provenance.finished or r.provenance.started for r in ordered]
     facts = recipe_facts(ordered)
     return RunRecord(
@@ -170,6 +195,7 @@ def build_record(results: Iterable[StageResult]) -> RunRecord:
         expect=expect,
         packages=packages,
         provenance=provenance,
+        upstream=upstream,
         **facts,
     )
 

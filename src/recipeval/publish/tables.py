@@ -98,6 +98,16 @@ def _stage_text(record: RunRecord, stage: str) -> str:
     return short(f"{outcome.status}: {reason}") if reason else outcome.status
 
 
+def _drift_text(rec: RunRecord) -> str:
+    """Against the upstream launch at its commit: 'none', or the names that differ; empty when
+    no checkout was configured."""
+    if not rec.upstream:
+        return ""
+    names = [n for n in rec.upstream if n != "commit"]
+    at = f" at {rec.upstream.get('commit', '')[:12]}"
+    return (f"{len(names)}: {', '.join(names)}" if names else "none") + at
+
+
 def table(records: list[RunRecord], verdicts: dict[str, RecipeVerdict]) -> pd.DataFrame:
     rows = []
     for rec in records:
@@ -118,6 +128,7 @@ def table(records: list[RunRecord], verdicts: dict[str, RecipeVerdict]) -> pd.Da
         for column, endings in TIMING_COLUMNS.items():
             row[column] = _with_interval(rec, find_metric(rec, endings, "bench"))
         row["logprob diff"] = _with_interval(rec, find_metric(rec, LOGPROB_COLUMN, "logprob_diff"))
+        row["upstream drift"] = _drift_text(rec)
         row.update(
             {
                 "platform": rec.platform or "",
@@ -164,7 +175,7 @@ def to_html(frame: pd.DataFrame) -> str:
 
 
 # Columns whose text may be long (messages, package lists) wrap; the others stay on one line.
-WRAPPING = (*STAGES, "vs history", "vs expect", "packages")
+WRAPPING = (*STAGES, "vs history", "vs expect", "upstream drift", "packages")
 
 
 def _cell_class(column: str, text: str) -> str:
