@@ -18,11 +18,19 @@ is reported, with the night where it started, on every night until someone ackno
   use Student t on the residual degrees of freedom.
 - Multiplicity (weighted Bonferroni): the splits that leave only the newest one, two or three
   nights on the right (a shift that is starting) get 15, 15 and 50 % of alpha; all other splits
-  (older shifts, drifts), which gain evidence every night, share the remaining 20 %. A right-hand side shorter than `min_segment` is only
-  allowed at the newest nights, so an odd night inside the history is never a segment.
-- False alarms per recipe and night, not per metric: `judge_many` applies Holm's step-down over
-  the recipe's metrics to each metric's "any change" p-value, so a recipe's nightly false-alarm
-  rate is at most alpha whatever the number of metrics.
+  (older shifts, drifts), which gain evidence every night, share the remaining 20 %. A
+  right-hand side shorter than `min_segment` is only allowed at the newest nights, so an odd
+  night inside the history is never a segment.
+- False alarms per recipe and night, not per metric, and per direction: `judge_many` applies
+  Holm's step-down over the recipe's metrics to each metric's one-sided "any change" p-value
+  towards worse (and, separately, towards better), so a recipe is falsely "regressed" on at most
+  alpha of its quiet nights whatever the number of metrics (and falsely "improved" on at most
+  alpha). The gate fails on "regressed" only: testing that direction two-sided spent half of
+  alpha on improvements, and a +6 % shift at 2 % noise went uncaught more often.
+- The noise scale is taken from the segments found at settings.alpha whatever level a metric is
+  tested at, so its p-value is one function of the data: before, a metric that passed Holm at
+  alpha / 4 was segmented again at that level with the cruder scale of the nightly differences
+  and could come out with no change point (a +30 % jump after six 1 %-noise nights was "ok").
 - Practical significance: a change that is clear (significant) but under `min_change` is still
   reported, marked small ("small but clear"), instead of being hidden until it grows.
 
@@ -138,7 +146,9 @@ def noise_scale(values: Sequence[float] | np.ndarray, starts: Sequence[int] | No
     if starts is None:
         resid = np.diff(x) / math.sqrt(2)
     else:
-        resid = np.concatenate([x[a:b] - np.median(x[a:b]) for a, b in _segments(len(x), starts)])
+        # A one-night segment is its own median: its zero residual says nothing of the noise.
+        parts = [x[a:b] - np.median(x[a:b]) for a, b in _segments(len(x), starts) if b - a > 1]
+        resid = np.concatenate(parts) if parts else np.diff(x) / math.sqrt(2)
     floor = MIN_REL_SIGMA * float(np.median(np.abs(x))) if len(x) else 0.0
     mad_sd = MAD_TO_SIGMA * float(np.median(np.abs(resid - np.median(resid))))
     if mad_sd <= 0:
@@ -183,14 +193,15 @@ def _two_sided_p(z: np.ndarray, smaller_side: np.ndarray, df: float) -> np.ndarr
 
 def _best_split(
     x: np.ndarray, a: int, b: int, n: int, sigma: float, df: float, min_segment: int
-) -> tuple[int, float]:
-    """Most significant split of x[a:b] and its multiplicity-adjusted p-value (weighted
-    Bonferroni with the NEW_SHARES of alpha). (0, 1.0) when none can be formed."""
+) -> tuple[int, float, float]:
+    """Most significant split of x[a:b], its multiplicity-adjusted two-sided p-value (weighted
+    Bonferroni with the NEW_SHARES of alpha) and its statistic. (0, 1.0, 0.0) when none can be
+    formed."""
     newest = list(range(max(a + min_segment, b - len(NEW_SHARES)), b)) if b == n else []
     inner = [k for k in range(a + min_segment, b - min_segment + 1) if k not in newest]
     ks = np.array(newest + inner, dtype=int)
     if len(ks) == 0:
-        return 0, 1.0
+        return 0, 1.0, 0.0
     z = _all_split_z(x[a:b], sigma)[ks - a - 1]
     smaller = np.minimum(ks - a, b - ks)
     # Each split's share of alpha: the newest by how many nights they leave on the right, the
@@ -199,7 +210,7 @@ def _best_split(
     share = np.array([NEW_SHARES[b - k - 1] for k in newest] + [older] * len(inner))
     p = np.minimum(1.0, _two_sided_p(z, smaller, df) * share.sum() / share)
     best = int(np.argmin(p))
-    return int(ks[best]), float(p[best])
+    return int(ks[best]), float(p[best]), float(z[best])
 
 
 def change_points(
@@ -207,7 +218,8 @@ def change_points(
     settings: RegressionSettings = RegressionSettings(),
     alpha: float | None = None,
 ) -> list[int]:
-    """Indices where a new level starts (binary segmentation; see the module docstring)."""
+    """Indices where a new level starts (binary segmentation at two-sided level `alpha`,
+    default settings.alpha; see the module docstring)."""
     return _segmentation(
         np.asarray(values, dtype=float), settings, settings.alpha if alpha is None else alpha
     )[0]
@@ -215,34 +227,42 @@ def change_points(
 
 def _segmentation(
     x: np.ndarray, settings: RegressionSettings, alpha: float
-) -> tuple[list[int], float, float]:
-    """(change points, the first split's adjusted p-value, noise sd)."""
-    n = len(x)
+) -> tuple[list[int], float, float, float]:
+    """(change points at two-sided level `alpha`, the first split's adjusted two-sided p-value
+    and statistic, noise sd). The noise scale comes from the segments found at settings.alpha,
+    whatever `alpha` is: the first split's p-value is then one function of the data and the
+    settings, the same at every level Holm tests it at."""
     sigma = noise_scale(x)
+    rough, _, _ = _binary_segmentation(x, sigma, settings, settings.alpha, 0)
+    if rough:
+        sigma = noise_scale(x, _refine(x, sorted(rough)))
+    found, first_p, first_z = _binary_segmentation(x, sigma, settings, alpha, len(rough))
+    return (_refine(x, sorted(found)) if found else []), first_p, first_z, sigma
+
+
+def _binary_segmentation(
+    x: np.ndarray, sigma: float, settings: RegressionSettings, alpha: float, known: int
+) -> tuple[list[int], float, float]:
+    """Split points with adjusted p under `alpha`, and the top split's p and statistic; `known`
+    change points are taken off the residual degrees of freedom."""
+    n = len(x)
+    df = max(1.0, 0.9 * (n - known - 1))
     found: list[int] = []
-    first_p = 1.0
-    for _ in range(2):  # the scale from found segments is cleaner: search once more with it
-        df = max(1.0, 0.9 * (n - len(found) - 1))
-        found, pending, first_p = [], [(0, n)], 1.0
-        top = True
-        while pending:
-            a, b = pending.pop()
-            k, p = _best_split(x, a, b, n, sigma, df, settings.min_segment)
-            if top:
-                first_p, top = p, False
-            if k and p < alpha:
-                found.append(k)
-                pending += [(a, k), (k, b)]
-        if not found:
-            # Nothing found: the differences' scale stands (the residuals from one median
-            # would be inflated by a shift too small to be found yet).
-            break
-        found = _refine(x, sorted(found), sigma)
-        sigma = noise_scale(x, found)
-    return found, first_p, sigma
+    pending = [(0, n)]
+    first: tuple[float, float] | None = None
+    while pending:
+        a, b = pending.pop()
+        k, p, z = _best_split(x, a, b, n, sigma, df, settings.min_segment)
+        if first is None:
+            first = (p, z)
+        if k and p < alpha:
+            found.append(k)
+            pending += [(a, k), (k, b)]
+    p_first, z_first = first or (1.0, 0.0)
+    return found, p_first, z_first
 
 
-def _refine(x: np.ndarray, points: list[int], sigma: float) -> list[int]:
+def _refine(x: np.ndarray, points: list[int]) -> list[int]:
     """Move each change point to the least-squares split between its neighbours (largest
     |mean difference| x sqrt(n_left n_right)): the search weighs the newest splits by their
     reference distribution and winsorises each side, which can favour a right side of three
@@ -265,7 +285,8 @@ class _Candidate:
     metric: str
     history: np.ndarray
     value: float
-    p_any: float
+    p_worse: float  # one-sided p-value of the top split, towards worse
+    p_better: float  # ...and towards better
 
 
 def judge(
@@ -323,17 +344,27 @@ def judge_many(
         elif len(hist) < settings.min_history:
             out[metric] = _short_history(metric, hist, value, settings)
         else:
-            x = np.append(hist, value)
-            p_any = _segmentation(x, settings, settings.alpha)[1]
-            candidates.append(_Candidate(metric, hist, float(value), p_any))
-    # Holm: the i-th smallest p-value (0-based) is tested at alpha / (m - i); stop at the first
-    # that fails, and every later one fails too.
-    ranked = sorted(candidates, key=lambda c: c.p_any)
-    still = True
-    for i, cand in enumerate(ranked):
-        level = settings.alpha / (len(ranked) - i)
-        still = still and cand.p_any < level
-        out[cand.metric] = _verdict(cand, settings, level if still else 0.0)
+            _, p_two, z, _ = _segmentation(np.append(hist, value), settings, settings.alpha)
+            worse = (z > 0) != better_up
+            toward, away = p_two / 2, min(1.0, 1 - p_two / 2)
+            candidates.append(
+                _Candidate(
+                    metric, hist, float(value), *((toward, away) if worse else (away, toward))
+                )
+            )
+    # Holm, once per direction: the i-th smallest one-sided p-value (0-based) is tested at
+    # alpha / (m - i); stop at the first that fails, and every later one fails too. A metric
+    # that passes is segmented at twice its level two-sided (its level in that direction).
+    levels: dict[str, float] = {}
+    for key in ("p_worse", "p_better"):
+        ranked = sorted(candidates, key=lambda c: getattr(c, key))
+        for i, cand in enumerate(ranked):
+            level = settings.alpha / (len(ranked) - i)
+            if getattr(cand, key) >= level:
+                break
+            levels[cand.metric] = 2 * level
+    for cand in candidates:
+        out[cand.metric] = _verdict(cand, settings, levels.get(cand.metric, 0.0))
     return {m: out[m] for m in series}
 
 
@@ -377,8 +408,8 @@ def _verdict(cand: _Candidate, settings: RegressionSettings, level: float) -> Me
     metric, value = cand.metric, cand.value
     better_up = higher_is_better(metric)
     x = np.append(cand.history, value)
-    points, _, sigma = (
-        _segmentation(x, settings, level) if level > 0 else ([], 1.0, noise_scale(x, []))
+    points, _, _, sigma = (
+        _segmentation(x, settings, level) if level > 0 else ([], 1.0, 0.0, noise_scale(x, []))
     )
     first, last = (points[0], points[-1]) if points else (len(x), 0)
     base, current = x[:first], x[last:]
@@ -390,7 +421,16 @@ def _verdict(cand: _Candidate, settings: RegressionSettings, level: float) -> Me
             f"no change point at alpha {settings.alpha:g} per recipe and night"
         )
         return MetricVerdict(
-            metric, "unchanged", value, baseline, len(base), 0, rel, cand.p_any, better_up, reason
+            metric,
+            "unchanged",
+            value,
+            baseline,
+            len(base),
+            0,
+            rel,
+            min(cand.p_worse, cand.p_better),
+            better_up,
+            reason,
         )
     level_now = float(np.median(current))
     rel = _rel(level_now, baseline)
@@ -400,7 +440,7 @@ def _verdict(cand: _Candidate, settings: RegressionSettings, level: float) -> Me
             np.array([_split_z(base, current, sigma)]), np.array([min(len(base), len(current))]), df
         )[0]
     )
-    changed = p_net < settings.alpha
+    changed = p_net < 2 * settings.alpha  # one-sided at alpha, in the direction it moved
     nights = len(x) - first
     reason = (
         f"{rel:+.1%}: level {level_now:.4g} over the last {len(current)} night(s) against "
