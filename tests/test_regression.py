@@ -83,13 +83,15 @@ def test_heavy_tailed_quiet_recipes_rarely_regress() -> None:
 
 def test_false_alarms_are_controlled_per_recipe_by_holm() -> None:
     history = _noisy(20, 100.0, 0.01, seed=11)
-    # The smallest jump that one metric judged alone calls a regression...
+    # The smallest three-night step that one metric judged alone calls a regression...
     value = next(
-        v for v in np.arange(100.0, 120.0, 0.1) if judge(STEP, history, v).kind == "regression"
+        v
+        for v in np.arange(100.0, 120.0, 0.1)
+        if judge(STEP, [*history, v, v], v).kind == "regression"
     )
     # ...is not one when the recipe has three more (quiet) metrics: Holm tests it at alpha / 4.
     others = {m: (_noisy(20, 50.0, 0.01, seed=20 + i), 50.0) for i, m in enumerate(QUIET)}
-    together = judge_many({STEP: (history, value), **others})
+    together = judge_many({STEP: ([*history, value, value], value), **others})
     assert together[STEP].kind == "unchanged"
     assert all(v.kind == "unchanged" for v in together.values())
 
@@ -124,6 +126,20 @@ def test_odd_night_inside_the_history_is_not_a_change() -> None:
     history[9] = 130.0
     assert change_points(history) == []
     assert judge(STEP, history, 100.5).kind == "unchanged"
+
+
+def test_one_slow_night_is_not_a_shift_but_two_are() -> None:
+    history = _noisy(15, 100.0, 0.01, seed=21)
+    # A night 12 sigma slow (a slow node) is far out, yet one night: not a change on its own.
+    assert judge(STEP, history, 112.0).kind == "unchanged"
+    # ...nor when the next night is back at the level: one night moved, not most of them.
+    assert judge(STEP, [*history, 112.0], 100.3).kind == "unchanged"
+    assert judge(STEP, [*history, 112.0, 100.3], 99.8).kind == "unchanged"
+    # Two nights at the new level are a shift, found at its first night.
+    verdict = judge(STEP, [*history, 112.0], 111.5)
+    assert verdict.kind == "regression" and verdict.change_index == 15
+    # A gross jump (beyond the 20 % band) is a change on its first night.
+    assert judge(STEP, history, 130.0).kind == "regression"
 
 
 def test_logprob_jump_on_short_history_uses_the_band() -> None:

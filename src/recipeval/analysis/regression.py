@@ -13,9 +13,16 @@ is reported, with the night where it started, on every night until someone ackno
 - Split statistic: each side winsorised at its own median +/- 3 sigma, then
   z = (mean right - mean left) / (sigma sqrt(1/n_left + 1/n_right)). A side of one or two nights
   cannot be winsorised (its median is its own value), so those splits are judged against Student
-  t with 3 degrees of freedom scaled to the same MAD: one heavy-tailed night is not a change,
-  yet a jump of many sigma (miles #2040, +370 %) is still caught on its first night. Larger sides
-  use Student t on the residual degrees of freedom.
+  t with 3 degrees of freedom scaled to the same MAD. Larger sides use Student t on the residual
+  degrees of freedom.
+- One slow night is not a shift. The newest night alone is a change only when it is also more
+  than `short_history_band` (20 %) off the level before it: a jump like miles #2040 (+370 %) is
+  still caught on its first night, a single slow night of a few sigma waits for the next.
+  The newest two or three nights are a change only when at least two of them lie beyond the
+  earlier nights' upper (lower) quartile, in the direction of the change: a shift moves most of
+  the nights after it (a 2-sigma shift puts each beyond the quartile with probability 0.91), one
+  very slow night moves only itself, however far. Both cost nothing measurable on the tuned
+  family and put the change at its night more often ("what changed" names the right cause).
 - Multiplicity (weighted Bonferroni): the splits that leave only the newest one, two or three
   nights on the right (a shift that is starting) get 15, 15 and 50 % of alpha; all other splits
   (older shifts, drifts), which gain evidence every night, share the remaining 20 %. A
@@ -192,24 +199,59 @@ def _two_sided_p(z: np.ndarray, smaller_side: np.ndarray, df: float) -> np.ndarr
     return np.where(smaller_side <= SMALL_SIDE, heavy, light)
 
 
+def _newest_night_p(left: np.ndarray, night: float, sigma: float, band: float) -> float:
+    """Two-sided p-value of a change at the newest night alone: against the heavy-tailed
+    reference, and only when the night is also more than `band` (relative) off the level
+    before it (see the module docstring)."""
+    level = _winsorised_mean(left, sigma)
+    if abs(night - level) < band * abs(level):
+        return 1.0
+    z = abs(night - level) / (sigma * math.sqrt(1 + 1 / len(left)))
+    return float(2 * special.stdtr(TAIL_DF, -z * _TAIL_MAD / _NORMAL_MAD))
+
+
+def _most_moved(left: np.ndarray, newest: np.ndarray, rise: bool) -> bool:
+    """Whether at least two of the newest nights lie beyond the left side's upper (lower)
+    quartile, the direction of the change: a shift moves most of the nights after it, a slow
+    night only itself (see the module docstring)."""
+    if rise:
+        return int(np.sum(newest > np.quantile(left, 0.75))) >= 2
+    return int(np.sum(newest < np.quantile(left, 0.25))) >= 2
+
+
 def _best_split(
-    x: np.ndarray, a: int, b: int, n: int, sigma: float, df: float, min_segment: int
+    x: np.ndarray,
+    a: int,
+    b: int,
+    n: int,
+    sigma: float,
+    df: float,
+    settings: RegressionSettings,
 ) -> tuple[int, float, float]:
     """Most significant split of x[a:b], its multiplicity-adjusted two-sided p-value (weighted
     Bonferroni with the NEW_SHARES of alpha) and its statistic. (0, 1.0, 0.0) when none can be
     formed."""
-    newest = list(range(max(a + min_segment, b - len(NEW_SHARES)), b)) if b == n else []
-    inner = [k for k in range(a + min_segment, b - min_segment + 1) if k not in newest]
+    newest = list(range(max(a + settings.min_segment, b - len(NEW_SHARES)), b)) if b == n else []
+    inner = [
+        k for k in range(a + settings.min_segment, b - settings.min_segment + 1) if k not in newest
+    ]
     ks = np.array(newest + inner, dtype=int)
     if len(ks) == 0:
         return 0, 1.0, 0.0
     z = _all_split_z(x[a:b], sigma)[ks - a - 1]
-    smaller = np.minimum(ks - a, b - ks)
+    p_raw = _two_sided_p(z, np.minimum(ks - a, b - ks), df)
+    for i, k in enumerate(newest):
+        if b - k > 1 and not _most_moved(x[a:k], x[k:b], z[i] > 0):
+            p_raw[i] = 1.0
+    if newest and newest[-1] == b - 1:
+        p_raw[len(newest) - 1] = _newest_night_p(
+            x[a : b - 1], x[b - 1], sigma, settings.short_history_band
+        )
     # Each split's share of alpha: the newest by how many nights they leave on the right, the
     # older ones equally; renormalised over the splits this segment has.
     older = (1 - sum(NEW_SHARES)) / len(inner) if inner else 0.0
     share = np.array([NEW_SHARES[b - k - 1] for k in newest] + [older] * len(inner))
-    p = np.minimum(1.0, _two_sided_p(z, smaller, df) * share.sum() / share)
+    p = np.minimum(1.0, p_raw * share.sum() / share)
     best = int(np.argmin(p))
     return int(ks[best]), float(p[best]), float(z[best])
 
@@ -253,7 +295,7 @@ def _binary_segmentation(
     first: tuple[float, float] | None = None
     while pending:
         a, b = pending.pop()
-        k, p, z = _best_split(x, a, b, n, sigma, df, settings.min_segment)
+        k, p, z = _best_split(x, a, b, n, sigma, df, settings)
         if first is None:
             first = (p, z)
         if k and p < alpha:
