@@ -29,7 +29,7 @@ from nightly_generators import HELD_OUT, TUNED, Noise, Scenario, history
 
 from recipeval.analysis.regression import RegressionSettings
 from recipeval.publish.compare import judge_run
-from recipeval.publish.records import RunRecord, StageOutcome
+from recipeval.publish.records import RunRecord, StageSummary
 
 RECIPE = "bench-recipe"
 
@@ -45,7 +45,7 @@ def records(rng: np.random.Generator, values: np.ndarray, bump_at: int | None) -
                 recipe=RECIPE,
                 recipe_sha256="0" * 64,
                 date=f"2026-11-{1 + night // 24:02d}T{night % 24:02d}:00:00+00:00",
-                stages={"bench": StageOutcome(status="pass")},
+                stages={"bench": StageSummary(status="pass")},
                 metrics=metrics,
                 intervals={m: (0.99 * v, 1.01 * v) for m, v in metrics.items()},
                 packages={"torch": torch, "sglang": "0.5.16"},

@@ -402,6 +402,35 @@ def publish(
         raise typer.Exit(EXIT_FAIL)
 
 
+@app.command()
+def acknowledge(
+    recipe: Annotated[str, typer.Argument(help="recipe name", show_default=False)],
+    run_id: Annotated[
+        str,
+        typer.Argument(
+            help="first run at the new level: its change_run in results/regression.json",
+            show_default=False,
+        ),
+    ],
+    metric: Annotated[
+        str | None, typer.Option(help="accept the change for this metric only [default: all]")
+    ] = None,
+    note: Annotated[str, typer.Option(help="why the new level is the norm")] = "",
+    history: Annotated[Path, typer.Option(help="the run history folder")] = Path("results/history"),
+) -> None:
+    """Accept a reported change as the new normal: from RUN_ID on, the recipe's history starts
+    afresh (for one metric with --metric), so publish stops reporting it."""
+    from recipeval.publish import history as run_history
+
+    try:
+        path = run_history.acknowledge(history, recipe, run_id, metric, note)
+    except ValueError as err:
+        _die(str(err))
+    print(
+        f"{recipe}: change from run {run_id} acknowledged{f' for {metric}' if metric else ''} in {path}"
+    )
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def nightly(
     ctx: typer.Context,

@@ -76,9 +76,38 @@ def acknowledgements(history: Path) -> list[Acknowledgement]:
 def acknowledge(
     history: Path, recipe: str, run_id: str, metric: str | None = None, note: str = ""
 ) -> Path:
-    """Record that the change starting at `run_id` is accepted (see the module docstring)."""
-    acks = [*acknowledgements(history), Acknowledgement(recipe, run_id, metric, note)]
-    return atomic_write_text(history / ACK_NAME, _ACKS.dump_json(acks, indent=1).decode() + "\n")
+    """Record that the change starting at `run_id` is accepted (see the module docstring).
+    ValueError (UnsafeName for a bad name) when the history has no such run of the recipe, or
+    that run no such metric: an acknowledgement of a run that is not there would be ignored
+    silently, and the change reported on."""
+    run = _stored_run(history, recipe, run_id)
+    if metric is not None and metric not in run.metrics:
+        raise ValueError(
+            f"run {run_id} of {recipe} in {history} has no metric {metric!r}; it has: "
+            + (", ".join(sorted(run.metrics)) or "none")
+        )
+    with locked(history):  # read, add, write: concurrent acknowledgements keep each other's
+        acks = [
+            *acknowledgements(history),
+            Acknowledgement(recipe, run_id, metric, scrub(note, secret_values())),
+        ]
+        return atomic_write_text(
+            history / ACK_NAME, _ACKS.dump_json(acks, indent=1).decode() + "\n"
+        )
+
+
+def _stored_run(history: Path, recipe: str, run_id: str) -> RunRecord:
+    folder = history / check_name(recipe)
+    found = sorted(folder.glob(f"*-{check_name(run_id, 'run id')}.json"))
+    if not found:
+        raise ValueError(
+            f"{folder}: no run {run_id} of recipe {recipe}; acknowledge the change_run that "
+            "results/regression.json names for it"
+        )
+    try:
+        return RunRecord.model_validate_json(found[0].read_text())
+    except ValidationError as err:
+        raise ValueError(f"{found[0]}: not a run record: {str(err).splitlines()[0]}") from None
 
 
 def record_path(history: Path, record: RunRecord) -> Path:

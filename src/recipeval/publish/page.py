@@ -52,18 +52,24 @@ def _changes_html(verdict: RecipeVerdict) -> str:
     out = f"<h3>{html.escape(verdict.recipe)}: {html.escape(verdict.status)}</h3><ul>{''.join(lines)}</ul>"
     if verdict.last_good_run is None:
         return out + "<p>No earlier good run to compare with.</p>"
+    before = f"<code>{html.escape(verdict.last_good_run)}</code>"
+    # With a change point, "what changed" is against the last run before it: last night's run
+    # may already be at the new level.
+    against = (
+        f"the last run before the change point at <code>{html.escape(verdict.change_run)}</code>, "
+        f"{before}"
+        if verdict.change_run
+        else f"the last good run {before}"
+    )
     if not verdict.changes:
-        return out + (
-            f"<p>Nothing differs from the last good run <code>{verdict.last_good_run}</code> "
-            "in recipe, packages or provenance.</p>"
-        )
+        return out + (f"<p>Nothing differs from {against} in recipe, packages or provenance.</p>")
     rows = "".join(
         f"<tr><td>{html.escape(c.kind)}</td><td>{html.escape(str(c.key))}</td>"
         f"<td>{html.escape(str(c.before))}</td><td>{html.escape(str(c.after))}</td></tr>"
         for c in verdict.changes
     )
     return out + (
-        f"<p>What changed since the last good run <code>{verdict.last_good_run}</code>:</p>"
+        f"<p>What changed since {against}:</p>"
         f'<table class="changes"><tr><th>what</th><th>key</th><th>before</th><th>now</th></tr>'
         f"{rows}</table>"
     )
