@@ -5,9 +5,12 @@ that head and nothing else."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -67,7 +70,8 @@ def test_crash_gives_exit_status_and_output(shared_head):
 def test_stop_on_request_stops_the_job_process(shared_head):
     _, runner = shared_head
     stop = threading.Event()
-    program = "import os\nprint('PID', os.getpid(), flush=True)\n" + WAIT_FOR_STOP
+    marker = f"# killed-stage-{os.getpid()}"
+    program = "import os\nprint('PID', os.getpid(), flush=True)\n" + WAIT_FOR_STOP + marker
     pid: list[int] = []
 
     def on_line(line: str) -> None:
@@ -87,6 +91,49 @@ def _gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+# A pipeline's stage process running one job through the shared head, its lines on stdout.
+STAGE_PROCESS = """
+import sys
+from runner_jobs import python_launch
+from recipeval.runners.ray import RayRunner
+RayRunner().run(python_launch(sys.argv[1]), lambda line: print(line, flush=True), timeout=300)
+"""
+
+
+def test_kill_9_of_the_stage_process_stops_its_ray_job(shared_head):
+    """The watchdog stops the job through the Jobs API when the process that submitted it is
+    killed without a chance to clean up."""
+    _, runner = shared_head
+    marker = f"# killed-stage-{os.getpid()}"
+    program = "import os\nprint('PID', os.getpid(), flush=True)\n" + WAIT_FOR_STOP + marker
+    stage = subprocess.Popen(
+        [sys.executable, "-c", STAGE_PROCESS, program],
+        cwd=Path(__file__).parent,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert stage.stdout is not None
+    pid = None
+    for line in stage.stdout:
+        if line.startswith("PID "):
+            pid = int(line.split()[1])
+        if line.strip() == "ready":
+            break
+    assert pid is not None, "the job printed its pid"
+    stage.kill()
+    stage.wait()
+    job = psutil.Process(pid)
+    job.wait(timeout=60)  # raises TimeoutExpired while the job lives on
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(runner.address)
+    (ours,) = [j for j in client.list_jobs() if marker in j.entrypoint]
+    deadline = time.monotonic() + 30  # the status follows the process's end
+    while not str(client.get_job_status(ours.submission_id)).endswith("STOPPED"):
+        assert time.monotonic() < deadline, client.get_job_status(ours.submission_id)
+        time.sleep(0.5)
 
 
 def test_timeout(shared_head):

@@ -3,7 +3,9 @@ stop it on timeout or on request, and say how it ended."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -11,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Self
 
 from recipeval.engines.launch import Launch
@@ -148,3 +151,18 @@ def stop_job_on_termination() -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+WATCHDOG = Path(__file__).with_name("watchdog.py")
+
+
+def start_watchdog(*job: str) -> subprocess.Popen:
+    """The process that stops the job if this one dies, kill -9 included (see watchdog.py for
+    `job`'s forms): its own session, so a signal to our group leaves it to do its work. Kill it
+    once the job is over."""
+    return subprocess.Popen(
+        [sys.executable, "-I", str(WATCHDOG), str(os.getpid()), *job],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )

@@ -11,10 +11,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import psutil
 
@@ -27,6 +25,7 @@ from recipeval.runners.base import (
     Runner,
     RunnerError,
     RunResult,
+    start_watchdog,
 )
 
 
@@ -146,7 +145,7 @@ class LocalRunner(Runner):
         except OSError as err:
             raise RunnerError(f"cannot start {launch.argv[0]!r}: {err}") from err
         try:
-            watchdog = _start_watchdog(proc.pid)
+            watchdog = start_watchdog(str(proc.pid))
         except OSError as err:
             ProcessTree(proc).terminate(0.0)
             raise RunnerError(f"cannot start the watchdog that guards the job: {err}") from err
@@ -203,20 +202,6 @@ class LocalRunner(Runner):
             stopped=stopped,
             detail=detail,
         )
-
-
-WATCHDOG = Path(__file__).with_name("watchdog.py")
-
-
-def _start_watchdog(leader: int) -> subprocess.Popen:
-    """The process that kills the job if we die (see watchdog.py): its own session, so a
-    signal to our group leaves it to do its work."""
-    return subprocess.Popen(
-        [sys.executable, "-I", str(WATCHDOG), str(os.getpid()), str(leader)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        start_new_session=True,
-    )
 
 
 def _pump(proc: subprocess.Popen, on_line: LineSink) -> None:

@@ -3,17 +3,21 @@
 Address: RAY_ADDRESS when set (a dashboard address such as http://head:8265), else an
 embedded head this runner starts (see ray_head: private, or shared through
 RECIPEVAL_RAY_STATE_DIR). The Jobs API runs `entrypoint` through a shell, so the entrypoint
-string is built with every word quoted (shlex.join): a recipe value is never shell text.
+string is built with every word quoted (shlex.join): a recipe value is never shell text. A
+watchdog process (watchdog.py) stops the job, and a private head, if this process is killed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shlex
+import subprocess
 import threading
 import time
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 
 from recipeval.engines.launch import Launch
@@ -27,6 +31,7 @@ from recipeval.runners.base import (
     Runner,
     RunnerError,
     RunResult,
+    start_watchdog,
 )
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -91,6 +96,7 @@ class RayRunner(Runner):
             runtime_env=launch.runtime_env,
             submission_id=f"recipeval-{launch.stage or 'run'}-{uuid.uuid4().hex[:8]}",
         )
+        watchdog = self._watch(job_id)
         lines = LineBuffer(on_line)
         tail = threading.Thread(target=_tail, args=(client, job_id, lines), daemon=True)
         tail.start()
@@ -108,6 +114,9 @@ class RayRunner(Runner):
         except BaseException:  # Ctrl-C or Terminated: stop the job before leaving
             self._stop(client, job_id)
             raise
+        finally:
+            watchdog.kill()
+            watchdog.wait()
         tail.join(timeout=10)
         _catch_up(client, job_id, lines)
         info = client.get_job_info(job_id)
@@ -129,6 +138,18 @@ class RayRunner(Runner):
             stopped=stopped,
             detail=detail,
         )
+
+    def _watch(self, job_id: str) -> subprocess.Popen:
+        """A watchdog that stops the job (and our private head) if this process is killed
+        without a chance to do it itself (kill -9)."""
+        private = [json.dumps(asdict(self._private_head))] if self._private_head else []
+        try:
+            return start_watchdog("--ray-job", self.address, job_id, *private)
+        except OSError as err:
+            from ray.job_submission import JobSubmissionClient
+
+            JobSubmissionClient(self.address).stop_job(job_id)
+            raise RunnerError(f"cannot start the watchdog that guards the job: {err}") from err
 
     def _stop(self, client, job_id: str) -> str:
         client.stop_job(job_id)  # SIGTERM to the entrypoint, SIGKILL after Ray's own wait

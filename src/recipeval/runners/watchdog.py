@@ -1,20 +1,27 @@
-"""Kill a local job when the recipeval process that started it dies, SIGKILL included.
+"""Stop a job when the recipeval process that started it dies, SIGKILL included.
 
-The local runner starts this file as a script (by path, so it imports nothing of recipeval and
-is watching within a few tenths of a second) in a session of its own, so a signal to
-recipeval's process group does not reach it. It polls its parent; once the parent is gone
-(getppid() changes when the orphan is re-parented), it SIGKILLs the job's process group and
-every descendant of the job it has seen, including ones that left the group.
+A runner starts this file as a script (by path, so it imports nothing of recipeval and is
+watching within a few tenths of a second) in a session of its own, so a signal to recipeval's
+process group does not reach it. It polls its parent; once the parent is gone (getppid()
+changes when the orphan is re-parented), it cleans up:
+
+- a local job: SIGKILL to the job's process group and every descendant of the job it has
+  seen, including ones that left the group;
+- a Ray job: the job stopped through the Jobs API, and the runner's private head (its state
+  given as JSON) stopped with everything it started.
 
 Why not prctl(PR_SET_PDEATHSIG) on the job: it fires when the parent *thread* that forked the
 job exits (not the process), and it only reaches the job's first process, not the children
 that miles, Ray or a shell start.
 
 Usage: python watchdog.py PARENT_PID LEADER_PID
+       python watchdog.py PARENT_PID --ray-job ADDRESS JOB_ID [PRIVATE_HEAD_STATE_JSON]
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import sys
@@ -33,16 +40,24 @@ def _descendants(leader: int) -> list[psutil.Process]:
         return []
 
 
-def watch(parent: int, leader: int) -> None:
+def wait_for_parent_death(parent: int, while_waiting=lambda: None) -> None:
+    while os.getppid() == parent:
+        while_waiting()
+        time.sleep(POLL_S)
+
+
+def kill_local_job(parent: int, leader: int) -> None:
     """Return after the job was killed because `parent` died."""
     seen: dict[int, float] = {}
-    while os.getppid() == parent:
+
+    def remember() -> None:
         for proc in _descendants(leader):
             try:
                 seen.setdefault(proc.pid, proc.create_time())
             except psutil.Error:
                 continue
-        time.sleep(POLL_S)
+
+    wait_for_parent_death(parent, remember)
     try:
         os.killpg(leader, signal.SIGKILL)  # the leader's pid is its group's id (new session)
     except OSError:
@@ -56,10 +71,29 @@ def watch(parent: int, leader: int) -> None:
             continue
 
 
+def stop_ray_job(parent: int, address: str, job_id: str, private_head: str | None) -> None:
+    """Return after the Ray job was stopped (and the private head with it) because `parent`
+    died. Ray and recipeval are imported only then: the watch itself must start fast."""
+    wait_for_parent_death(parent)
+    if private_head:  # the head's whole tree goes, the job's processes with it
+        from recipeval.runners.ray_head import HeadState, stop_head
+
+        stop_head(HeadState(**json.loads(private_head)))
+        return
+    from ray.job_submission import JobSubmissionClient
+
+    # The head may be gone too, and then there is nothing left to stop.
+    with contextlib.suppress(Exception):
+        JobSubmissionClient(address).stop_job(job_id)
+
+
 def main(argv: list[str]) -> int:
-    parent, leader = int(argv[1]), int(argv[2])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is recipeval's to handle
-    watch(parent, leader)
+    parent = int(argv[1])
+    if argv[2] == "--ray-job":
+        stop_ray_job(parent, argv[3], argv[4], argv[5] if len(argv) > 5 else None)
+    else:
+        kill_local_job(parent, int(argv[2]))
     return 0
 
 
