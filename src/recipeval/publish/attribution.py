@@ -13,7 +13,6 @@ logged |d|); step times are the bench's steady-state estimates with their interv
 
 from __future__ import annotations
 
-import html
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +29,9 @@ from recipeval.analysis.attribution import (
     sample_effect,
 )
 from recipeval.analysis.logprob import SCALAR_ABS_DIFF
-from recipeval.publish.page import STYLE
+from recipeval.publish.page import table_page
 from recipeval.publish.records import RunRecord
-from recipeval.publish.tables import TIMING_COLUMNS, find_metric, to_html, to_markdown
+from recipeval.publish.tables import TIMING_COLUMNS, find_metric, to_markdown
 from recipeval.result import StageResult
 
 # Metric label -> per_sample_logprob's column; a recipe without a token dump has the logged
@@ -226,14 +225,10 @@ def outputs(records: list[RunRecord], results: dict[str, list[StageResult]]) -> 
     if frame.empty:
         return {}
     shown = display(frame)
-    page = (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>recipeval attribution</title><style>{STYLE}</style></head><body>"
-        '<h1>recipeval attribution</h1><p class="meta">effects against BEFORE (variant - '
-        "BEFORE), 95 % intervals; "
-        f"{html.escape(INTERACTION)}: {html.escape(SUM_OF_PARTS)}</p>"
-        f'<div class="scroll">{to_html(shown)}</div></body></html>\n'
+    caption = (
+        f"effects against BEFORE (variant - BEFORE), 95 % intervals; {INTERACTION}: {SUM_OF_PARTS}"
     )
+    page = table_page("recipeval attribution", caption, shown)
     return dict(zip(FILES, (frame.to_csv(index=False), to_markdown(shown), page), strict=True))
 
 

@@ -5,16 +5,13 @@ one. Markdown, CSV and a self-contained HTML page, as tables/layouts.{md,csv,htm
 
 from __future__ import annotations
 
-import html
 import math
-from collections.abc import Callable
-from pathlib import Path
 
 import pandas as pd
 
-from recipeval.publish.page import STYLE
+from recipeval.publish.page import table_page
 from recipeval.publish.records import RunRecord
-from recipeval.publish.tables import find_metric, short, to_html, to_markdown
+from recipeval.publish.tables import find_metric, short, to_markdown, with_interval
 
 SWEEP_KIND = "layouts"
 # What a variant is ranked by: the bench's time per rollout, whole cycle first.
@@ -62,12 +59,7 @@ def _seconds(record: RunRecord, endings: tuple[str, ...]) -> tuple[float | None,
     name = find_metric(record, endings, "bench")
     if name is None or not math.isfinite(record.metrics[name]):
         return None, ""
-    value = record.metrics[name]
-    text = f"{value:.4g}"
-    if name in record.intervals:
-        low, high = record.intervals[name]
-        text += f" [{low:.4g}, {high:.4g}]"
-    return value, text
+    return record.metrics[name], with_interval(record, name)
 
 
 def _bench_text(record: RunRecord) -> str:
@@ -120,35 +112,16 @@ CAPTION = (
 )
 
 
-def page(frame: pd.DataFrame) -> str:
-    """A self-contained HTML page (the benchmark page's style)."""
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>recipeval layouts</title>"
-        f"<style>{STYLE}</style></head><body><h1>Layout sweeps</h1>"
-        f"<p class='meta'>{html.escape(CAPTION)}</p>"
-        f"<div class='scroll'>{to_html(frame)}</div></body></html>\n"
-    )
+FILES = ("layouts.md", "layouts.csv", "layouts.html")
 
 
-def write_tables(
-    records: list[RunRecord], folder: Path, write_text: Callable[[Path, str], None]
-) -> list[Path]:
-    """tables/layouts.{md,csv,html} when the runs hold a layouts sweep; otherwise none (an
-    earlier publish's are removed, so a table never shows runs this publish did not see)."""
+def outputs(records: list[RunRecord]) -> dict[str, str]:
+    """File name -> text of the layout table in each format; none when no sweep ran."""
     frame = table(records)
-    names = [folder / f"layouts.{ext}" for ext in ("md", "csv", "html")]
     if frame.empty:
-        for path in names:
-            path.unlink(missing_ok=True)
-        return []
-    outputs = {
-        folder / "layouts.md": to_markdown(frame),
-        folder / "layouts.csv": frame.to_csv(index=False),
-        folder / "layouts.html": page(frame),
-    }
-    for path, text in outputs.items():
-        write_text(path, text)
-    return list(outputs)
+        return {}
+    page = table_page("recipeval layouts", CAPTION, frame)
+    return dict(zip(FILES, (to_markdown(frame), frame.to_csv(index=False), page), strict=True))
 
 
-__all__ = ["sweeps", "table", "write_tables"]
+__all__ = ["FILES", "outputs", "sweeps", "table"]

@@ -126,3 +126,13 @@ def render_page(
 {"<p>Plots left out (--no-plots).</p>" if figures is None else _plots_html(figures)}
 </body></html>
 """
+
+
+def table_page(title: str, caption: str, frame: pd.DataFrame) -> str:
+    """A self-contained HTML page of one table, in the benchmark page's style."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
+        f'<h1>{html.escape(title)}</h1><p class="meta">{html.escape(caption)}</p>'
+        f'<div class="scroll">{to_html(frame)}</div></body></html>\n'
+    )

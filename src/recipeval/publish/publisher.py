@@ -109,9 +109,17 @@ def publish(
     history_frame = history.to_frame(runs)
     _write_text(out.tables / "benchmarks.md", tables.to_markdown(frame))
     _write_text(out.tables / "benchmarks.csv", frame.to_csv(index=False))
-    layout_table.write_tables(records, out.tables, _write_text)
-    for name, text in attribution.outputs(records, grouped).items():
-        _write_text(out.tables / name, text)
+    # Tables that exist only for some runs (a layouts sweep, an ablation): an earlier
+    # publish's copy goes when this one has none, so a table never shows runs it did not see.
+    for names, files in (
+        (layout_table.FILES, layout_table.outputs(records)),
+        (attribution.FILES, attribution.outputs(records, grouped)),
+    ):
+        for name in names:
+            if name in files:
+                _write_text(out.tables / name, files[name])
+            else:
+                (out.tables / name).unlink(missing_ok=True)
     figures = None
     if plots:
         stage_results = [r for results in grouped.values() for r in results]

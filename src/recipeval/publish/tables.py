@@ -52,7 +52,8 @@ def _fmt(value: float | None) -> str:
     return f"{value:.4g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
-def _with_interval(record: RunRecord, metric: str | None) -> str:
+def with_interval(record: RunRecord, metric: str | None) -> str:
+    """The metric's value with its 95 % interval in brackets, as the tables show it."""
     if metric is None:
         return ""
     text = _fmt(record.metrics[metric])
@@ -126,8 +127,8 @@ def table(records: list[RunRecord], verdicts: dict[str, RecipeVerdict]) -> pd.Da
         for stage in STAGES:
             row[stage] = _stage_text(rec, stage)
         for column, endings in TIMING_COLUMNS.items():
-            row[column] = _with_interval(rec, find_metric(rec, endings, "bench"))
-        row["logprob diff"] = _with_interval(rec, find_metric(rec, LOGPROB_COLUMN, "logprob_diff"))
+            row[column] = with_interval(rec, find_metric(rec, endings, "bench"))
+        row["logprob diff"] = with_interval(rec, find_metric(rec, LOGPROB_COLUMN, "logprob_diff"))
         row["upstream drift"] = _drift_text(rec)
         row.update(
             {

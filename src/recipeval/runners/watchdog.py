@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import psutil
 
@@ -40,7 +41,7 @@ def _descendants(leader: int) -> list[psutil.Process]:
         return []
 
 
-def wait_for_parent_death(parent: int, while_waiting=lambda: None) -> None:
+def wait_for_parent_death(parent: int, while_waiting: Callable[[], None] = lambda: None) -> None:
     while os.getppid() == parent:
         while_waiting()
         time.sleep(POLL_S)
