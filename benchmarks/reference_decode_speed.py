@@ -69,6 +69,7 @@ def time_decoder(
     compile_step: bool,
     bucket: int,
     repeats: int,
+    attention_backend: str,
 ) -> tuple[float, list[float]]:
     """(setup seconds incl. graph capture, seconds for each of `repeats` full batches)."""
     decoder = StaticCacheDecoder(
@@ -83,6 +84,7 @@ def time_decoder(
         cuda_graph=cuda_graph,
         compile_step=compile_step,
         window_bucket=bucket,
+        attention_backend=attention_backend,
     )
     start = time.perf_counter()
     decoder.generate(prompts)  # first call: graph capture (and compile)
@@ -115,6 +117,40 @@ def floor_ms_per_step(model: torch.nn.Module, args: argparse.Namespace) -> dict[
     }
 
 
+def time_mode(
+    model: torch.nn.Module,
+    prompts: torch.Tensor,
+    args: argparse.Namespace,
+    mode: str,
+    backend: str,
+) -> dict[str, object]:
+    """Time one decode mode with one attention backend and print its line."""
+    graph, compiled = mode in ("graph", "compile-graph"), mode.startswith("compile")
+    bucket = 1 if mode == "eager" else args.bucket
+    setup, times = time_decoder(
+        model, prompts, args.new_tokens, args.attn, graph, compiled, bucket, args.repeats, backend
+    )
+    seconds = min(times)
+    tps = args.batch * args.new_tokens / seconds
+    ms = 1000 * seconds / args.new_tokens
+    ratio = ms / floor_ms_per_step(model, args)["floor_ms_per_step"]
+    print(
+        f"{mode} ({backend} attention): {args.new_tokens} tokens x {args.batch} in {seconds:.2f} s "
+        f"(best of {len(times)}: {', '.join(f'{t:.2f}' for t in times)}) = {tps:.0f} tok/s, "
+        f"{ms:.3f} ms/step = {ratio:.2f}x the floor (setup {setup:.1f} s)",
+        flush=True,
+    )
+    return {
+        "new_tokens": args.new_tokens,
+        "seconds": seconds,
+        "all_seconds": times,
+        "setup_seconds": setup,
+        "tokens_per_s": tps,
+        "ms_per_step": ms,
+        "ratio_to_floor": ratio,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
@@ -131,6 +167,11 @@ def main() -> None:
     p.add_argument("--baseline-tokens", type=int, default=512, help="0 skips generate()")
     p.add_argument("--modes", default="graph", help="comma list of eager, graph, compile-graph")
     p.add_argument("--bucket", type=int, default=1024, help="attention-window bucket of graph mode")
+    p.add_argument(
+        "--attention-backends",
+        default="torch",
+        help="comma list of torch, triton (--rollout-attention-backend); each runs every mode",
+    )
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1, help="timed batches per mode")
     p.add_argument(
@@ -188,35 +229,10 @@ def main() -> None:
                 f"{tps:.0f} tok/s, {1000 * seconds / args.baseline_tokens:.2f} ms/step",
                 flush=True,
             )
-        for mode in filter(None, args.modes.split(",")):
-            graph, compiled = mode in ("graph", "compile-graph"), mode.startswith("compile")
-            bucket = 1 if mode == "eager" else args.bucket
-            setup, times = time_decoder(
-                model, prompts, args.new_tokens, args.attn, graph, compiled, bucket, args.repeats
-            )
-            seconds = min(times)
-            tps = args.batch * args.new_tokens / seconds
-            ms = 1000 * seconds / args.new_tokens
-            ratio = ms / floor["floor_ms_per_step"]
-            summary[mode] = {
-                "new_tokens": args.new_tokens,
-                "seconds": seconds,
-                "all_seconds": times,
-                "setup_seconds": setup,
-                "tokens_per_s": tps,
-                "ms_per_step": ms,
-                "ratio_to_floor": ratio,
-            }
-            print(
-                f"{mode}: {args.new_tokens} tokens x {args.batch} in {seconds:.2f} s (best of "
-                f"{len(times)}: {', '.join(f'{t:.2f}' for t in times)}) = {tps:.0f} tok/s, "
-                f"{ms:.3f} ms/step = {ratio:.2f}x the floor (setup {setup:.1f} s)",
-                flush=True,
-            )
-            if "generate" in summary:
-                print(
-                    f"  speed-up over generate(): {tps / summary['generate']['tokens_per_s']:.1f}x"
-                )
+        modes = list(filter(None, args.modes.split(",")))
+        for backend in filter(None, args.attention_backends.split(",")):
+            for mode in modes:
+                summary[f"{mode} ({backend})"] = time_mode(model, prompts, args, mode, backend)
     print(json.dumps(summary, indent=2))
 
 

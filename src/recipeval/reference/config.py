@@ -14,6 +14,7 @@ from typing import Any
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("eager", "sdpa")
+ATTENTION_BACKENDS = ("torch", "triton")
 
 
 class ConfigError(ValueError):
@@ -59,6 +60,7 @@ class EngineConfig:
     train_attn_implementation: str
     rollout_cuda_graph: bool
     rollout_compile: bool
+    rollout_attention_backend: str
     skip_weight_sync: bool
     dump_logprobs: Path | None
     score_tokens: Path | None
@@ -214,6 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch.compile the per-layer pieces around attention (norms, RoPE, MLP)",
     )
     flag(
+        "--rollout-attention-backend",
+        choices=ATTENTION_BACKENDS,
+        default="torch",
+        help="decode steps' attention: torch (the attn implementation over a window of the "
+        "cache) or triton (split-KV kernel over exactly the written slots; CUDA only)",
+    )
+    flag(
         "--skip-weight-sync",
         nargs="?",
         const=True,
@@ -288,6 +297,7 @@ def parse_args(argv: list[str]) -> EngineConfig:
         train_attn_implementation=ns.train_attn_implementation or ns.attn_implementation,
         rollout_cuda_graph=ns.rollout_cuda_graph,
         rollout_compile=ns.rollout_compile,
+        rollout_attention_backend=ns.rollout_attention_backend,
         skip_weight_sync=ns.skip_weight_sync,
         dump_logprobs=ns.dump_logprobs,
         score_tokens=ns.score_tokens,

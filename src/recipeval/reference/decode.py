@@ -50,7 +50,9 @@ class StaticCacheDecoder:
     """Decodes fixed-shape batches (batch_size x prompt_len prompts, up to max_new tokens) with
     one KV cache reused across calls; weights may change between calls (in-place copies keep
     every captured address valid). `window_bucket` 1 attends over exactly the written slots
-    (no mask; eager steps), larger buckets keep the step's shapes to a few sizes (CUDA graphs)."""
+    (no mask; eager steps), larger buckets keep the step's shapes to a few sizes (CUDA graphs).
+    `attention_backend` "triton" runs decode steps' attention as split_kv's kernel over exactly
+    the written slots, whatever the bucket (one graph covers every step)."""
 
     def __init__(
         self,
@@ -65,6 +67,7 @@ class StaticCacheDecoder:
         cuda_graph: bool = False,
         compile_step: bool = False,
         window_bucket: int = 1,
+        attention_backend: str = "torch",
     ) -> None:
         self.weights = weights_of(model)
         self.device = self.weights.embed.device
@@ -91,6 +94,14 @@ class StaticCacheDecoder:
         self.slots = torch.arange(self.capacity, device=self.device)
         self.window_bucket = window_bucket
         self.kernels = compiled_kernels() if compile_step else EAGER
+        self.decode_attention = None
+        if attention_backend == "triton":
+            # Imported here: Triton comes with CUDA builds of torch, not with CPU ones.
+            from recipeval.reference.split_kv import decode_attention
+
+            self.decode_attention = decode_attention
+            # Steps attend to exactly the written slots: one window, one graph, no mask.
+            self.window_bucket = self.capacity
         self._tokens = torch.zeros((batch_size, 1), dtype=torch.long, device=self.device)
         self._position = torch.full((1,), prompt_len, dtype=torch.long, device=self.device)
         self._use_graph = cuda_graph
@@ -112,7 +123,7 @@ class StaticCacheDecoder:
         self, tokens: torch.Tensor, position: torch.Tensor, window: int
     ) -> torch.Tensor:
         allowed = None
-        if self.window_bucket > 1:  # slots past the current position hold junk or zeros
+        if self.window_bucket > 1 and self.decode_attention is None:  # junk or zeros past it
             allowed = (self.slots[:window] <= position).unsqueeze(0)
         return forward(
             self.weights,
@@ -125,6 +136,7 @@ class StaticCacheDecoder:
             allowed,
             self.attention,
             self.kernels,
+            self.decode_attention,
         )
 
     def _prefill_logits(self, prompt_ids: torch.Tensor) -> torch.Tensor:

@@ -212,16 +212,21 @@ def forward(
     allowed: torch.Tensor | None,
     attention: str,
     kernels: Kernels = EAGER,
+    decode_attention: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Logits (B, vocab) of the last of `tokens` (B, T) at `positions` (T,), after writing their
     keys and values into `cache`; attention covers cache slots [0, window), `allowed` (T, window)
-    masks them per query (None: every slot)."""
+    masks them per query (None: every slot). With `decode_attention` (split_kv's signature), a
+    one-token step attends to exactly slots [0, position] instead, and window and mask are
+    unused."""
     b, t = tokens.shape
     h, hkv, d = weights.heads, weights.kv_heads, weights.head_dim
     g = h // hkv
     cos_t = cos.index_select(0, positions)  # (T, D), broadcast over batch and heads
     sin_t = sin.index_select(0, positions)
     folded = allowed.repeat(g, 1) if allowed is not None else None
+    one_token = decode_attention if t == 1 else None
+    length = positions + 1  # (1,): the written slots a one-token step attends to
     x = F.embedding(tokens, weights.embed)
     for i, layer in enumerate(weights.layers):
         bias = layer.qkv_bias.tensor if layer.qkv_bias is not None else None
@@ -230,7 +235,10 @@ def forward(
         )
         keys, values = cache.write(i, positions, qk[:, h:], v)
         q = qk[:, :h].reshape(b, hkv, g * t, d)
-        out = _attend(q, keys[:, :, :window], values[:, :, :window], folded, attention)
+        if one_token is not None:
+            out = one_token(q, keys, values, length)
+        else:
+            out = _attend(q, keys[:, :, :window], values[:, :, :window], folded, attention)
         out = out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
         x = kernels.post_attention(
             x,

@@ -5,12 +5,13 @@ reward, and logs miles' rollout-side `perf N` line."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
 import torch
 
-from recipeval.reference.config import EngineConfig
+from recipeval.reference.config import ConfigError, EngineConfig
 from recipeval.reference.decode import Generation, StaticCacheDecoder
 from recipeval.reference.dump import Responses
 from recipeval.reference.logfmt import ROLLOUT, configure_logging, metrics_message
@@ -33,6 +34,23 @@ class RolloutBatch:
     rollout_time: float
 
 
+def check_rollout_device(config: EngineConfig, device: torch.device) -> None:
+    """Rollout flags that need a CUDA device, named when the device is not one."""
+    if device.type == "cuda":
+        return
+    if config.rollout_cuda_graph:
+        raise ConfigError(
+            f"--rollout-cuda-graph needs a CUDA device, but the rollout runs on {device}; "
+            "drop rollout-cuda-graph from the recipe's args or set device: cuda"
+        )
+    # Triton's interpreter runs the kernel on CPU tensors (slowly): how CI tests it.
+    if config.rollout_attention_backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ConfigError(
+            f"--rollout-attention-backend triton needs a CUDA device, but the rollout runs on "
+            f"{device}; set rollout-attention-backend: torch or device: cuda"
+        )
+
+
 class RolloutWorker:
     def __init__(
         self,
@@ -44,6 +62,7 @@ class RolloutWorker:
         limit_cpu_threads(config)
         self.config = config
         self.device = device or resolve_device(config)
+        check_rollout_device(config, self.device)
         model = build_model(config.model, config.seed, config.rollout_attn_implementation)
         model.load_state_dict(state)
         self.model = cast_weights(model, self.device, DTYPES[config.rollout_dtype]).eval()
@@ -61,6 +80,7 @@ class RolloutWorker:
             # Graphs and compiled steps need a few fixed shapes; eager steps read exactly the
             # written slots.
             window_bucket=1024 if config.rollout_cuda_graph or config.rollout_compile else 1,
+            attention_backend=config.rollout_attention_backend,
         )
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
