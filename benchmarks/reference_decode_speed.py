@@ -10,7 +10,8 @@ the HBM bandwidth (--bandwidth, default an H200's 4.8 TB/s), with measured / flo
 The H200 recipe (recipes/local/qwen2-365m-grpo-h200.yaml):
 
     python benchmarks/reference_decode_speed.py --device cuda --layers 24 --hidden 1024 \
-        --ffn 4096 --heads 16 --kv-heads 4 --batch 32 --new-tokens 8192 --baseline-tokens 512
+        --ffn 4096 --heads 16 --kv-heads 4 --batch 32 --new-tokens 8192 --baseline-tokens 512 \
+        --modes compile-graph,graph --attention-backends triton,torch
 
 The tiny CPU recipe's bench stage (recipes/local/tiny-grpo-cpu.yaml), eager steps:
 
