@@ -297,3 +297,15 @@ def test_ray_actors_log_the_same_format(tmp_path):
     parsed = parse_lines(done.stdout.splitlines())
     assert list(parsed.steps["rollout_id"]) == [0, 1]
     assert STEP_KEYS | ROLLOUT_KEYS <= set(parsed.steps.columns)
+
+
+@pytest.mark.parametrize(
+    "flags", [["--rollout-cuda-graph"], ["--rollout-attention-backend", "triton"]]
+)
+def test_cuda_only_rollout_flags_on_a_cpu_are_one_clear_line(flags):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = engine(*TINY, "--device", "cpu", *flags, env=env)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert f"{flags[0]}" in line and "needs a CUDA device" in line and "cpu" in line

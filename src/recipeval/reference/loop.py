@@ -26,7 +26,12 @@ from recipeval.reference.dump import DumpError, LogprobDump, Responses, read_res
 from recipeval.reference.logfmt import MAIN, configure_logging
 from recipeval.reference.modeling import resolve_device
 from recipeval.reference.noncolocated import DistributedWorkers
-from recipeval.reference.rollout import RolloutBatch, RolloutWorker, limit_cpu_threads
+from recipeval.reference.rollout import (
+    RolloutBatch,
+    RolloutWorker,
+    check_rollout_device,
+    limit_cpu_threads,
+)
 from recipeval.reference.trainer import Trainer, TrainResult
 from recipeval.reference.warmstart import initial_state
 
@@ -153,6 +158,7 @@ def run(config: EngineConfig) -> list[dict[str, Any]]:
     configure_logging()
     limit_cpu_threads(config)
     device = resolve_device(config)
+    check_rollout_device(config, device)  # before the warm start, not after it
     placement = "non-colocated" if config.noncolocated else "colocated"
     ray = use_ray(config) and not config.noncolocated
     logger.info(

@@ -62,7 +62,6 @@ class RolloutWorker:
         limit_cpu_threads(config)
         self.config = config
         self.device = device or resolve_device(config)
-        check_rollout_device(config, self.device)
         model = build_model(config.model, config.seed, config.rollout_attn_implementation)
         model.load_state_dict(state)
         self.model = cast_weights(model, self.device, DTYPES[config.rollout_dtype]).eval()
