@@ -38,6 +38,27 @@ DumpArgs = Callable[[Path], dict[str, Any]]
 
 
 @dataclass(frozen=True)
+class UpstreamDrift:
+    """A recipe's render against the upstream launch it names, as that launch is built today.
+    `differences`: one plain dict per flag or env var that differs; `error`: why the upstream
+    launch could not be rebuilt (then there are no differences to report)."""
+
+    upstream_commit: str | None
+    differences: list[dict[str, Any]]
+    lines: list[str]
+    error: str | None = None
+
+    @property
+    def drifted(self) -> bool:
+        return bool(self.differences)
+
+
+# Compares a recipe with its upstream launch; None: nothing to compare with here (the recipe
+# names no upstream launch, or no upstream checkout is configured).
+DriftCheck = Callable[[Resolved, Mapping[str, str]], UpstreamDrift | None]
+
+
+@dataclass(frozen=True)
 class Engine:
     """One trainer recipeval can launch and judge. A capability an engine lacks is None."""
 
@@ -53,10 +74,8 @@ class Engine:
     trainer_stack_checks: bool = False
     # Python distributions a node needs to run it (the live probe looks for them).
     packages: tuple[str, ...] = ()
-    # Slots for importing an existing run and following its drift (filled in by the engines
-    # that have them).
-    importer: Callable[..., Any] | None = None
-    drift: Callable[..., Any] | None = None
+    # Upstream drift: env_check warns when the recipe no longer renders its upstream launch.
+    drift: DriftCheck | None = None
     # An engine whose parallel layout is fixed names the flags that change its speed instead
     # (flag -> values, its default first): what `recipeval layouts` sweeps for it.
     speed_knobs: dict[str, tuple[Any, ...]] = field(default_factory=dict)

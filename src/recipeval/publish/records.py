@@ -68,7 +68,7 @@ class RunRecord(BaseModel):
         return any(o.status in ("fail", "error") for o in self.stages.values())
 
 
-# env_check's upstream-drift check ids end so (checks/drift.py: miles.drift).
+# env_check's upstream-drift check ids end so (checks/drift.py: `<engine>.drift`).
 DRIFT_CHECK_SUFFIX = ".drift"
 
 

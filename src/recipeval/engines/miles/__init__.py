@@ -1,10 +1,12 @@
-"""miles (Megatron + SGLang + Ray): render its launch, parse its logs."""
+"""miles (Megatron + SGLang + Ray): render its launch, parse its logs, compare a recipe with the
+launch miles' own script builds (drift)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from recipeval.engines.base import Engine
+from recipeval.engines.miles.drift import upstream_drift
 from recipeval.engines.miles.render import render
 from recipeval.recipe.resolve import Resolved
 
@@ -28,4 +30,5 @@ ENGINE = Engine(
     parser=log_parser,
     trainer_stack_checks=True,
     packages=("torch", "sglang", "megatron-core", "ray"),
+    drift=upstream_drift,
 )

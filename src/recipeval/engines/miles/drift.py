@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipeval.engines.base import UpstreamDrift
 from recipeval.engines.miles.flags import Difference, launch_differences
 from recipeval.engines.miles.record import (
     MILES_PLACEHOLDER,
@@ -110,6 +111,23 @@ def drift(resolved: Resolved, checkout: Path) -> DriftReport:
             "miles launch it describes; add one (recipeval import miles writes it)"
         )
     return compare(resolved, record_launch(checkout, source.script, list(source.args)))
+
+
+def upstream_drift(resolved: Resolved, environ: Mapping[str, str]) -> UpstreamDrift | None:
+    """The miles engine's drift check for env_check: None unless the recipe names its `source`
+    launch and a checkout is configured (MILES_DIR or paths.miles)."""
+    if resolved.recipe.source is None:
+        return None
+    checkout = configured_checkout(resolved, environ)
+    if checkout is None:
+        return None
+    try:
+        report = drift(resolved, checkout)
+    except RecordError as err:
+        return UpstreamDrift(None, [], [], error=f"could not re-record the upstream launch: {err}")
+    return UpstreamDrift(
+        report.upstream_commit, [asdict(d) for d in report.differences], report.lines()
+    )
 
 
 class DriftInputError(Exception):
