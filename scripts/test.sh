@@ -18,7 +18,8 @@ marker=()
 if [ "${RECIPEVAL_SLURM_E2E:-1}" = 0 ]; then
   marker=(-m "not slurm_e2e")
 fi
-.venv/bin/python -m pytest "${marker[@]}" "$@"
+# --durations: the slowest tests in every CI log, to keep the suite inside its time budget.
+.venv/bin/python -m pytest --durations=25 "${marker[@]}" "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "scripts/test.sh: pytest collected no tests; that is a broken suite, not a pass" >&2
