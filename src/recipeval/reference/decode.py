@@ -1,6 +1,7 @@
 """Batched sampling over the rollout's own KV cache (kvcache.KVCache, forward.forward): one
 prefill, then one decode step per token. The per-layer pieces around attention can be compiled
-(torch.compile) and each step replayed as one CUDA graph (one graph per attention-window bucket),
+(torch.compile) and each step replayed as one CUDA graph (one graph per attention-window bucket,
+or a single graph when the split-KV kernel of split_kv.py attends to exactly the written slots),
 so the loop is bound by the GPU rather than by Python and kernel launches; on a CPU the step runs
 eagerly over exactly the written slots. Each sampled token's logprob is recorded as the sampler
 saw it: log softmax(logits / T), before top-p truncation."""

@@ -4,7 +4,8 @@ a captured CUDA graph stays valid across rollouts, and nothing of transformers' 
 
 Attention reads only a window of the slots: the decoder picks it per step (the written length,
 or that length rounded up to a bucket so a few CUDA graphs cover every step) and masks the
-slots past the current position.
+slots past the current position. The split-KV kernel (split_kv.py) instead takes the written
+length as a device tensor and reads exactly those slots.
 """
 
 from __future__ import annotations
