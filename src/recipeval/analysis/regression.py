@@ -405,21 +405,24 @@ def max_statistic_levels(p_values: Sequence[float], corr: np.ndarray, alpha: flo
     keeping the chance of any false pass at `alpha`: the step-down max-statistic (Westfall and
     Young) with the tests' joint null a normal with correlation `corr`. The smallest p-value
     is judged by the maximum over all tests, the next over the rest, and so on. A passed
-    test's level (its segmentation level) is Sidak's for the effective number of tests at its
-    p-value, log(1 - p_max) / log(1 - p): that number changes slowly with the p-value, so this
-    is the raw level at which the test would just have passed, without a root search over
-    the multivariate normal."""
+    test's level (its segmentation level) is Sidak's for the effective number of tests,
+    log(1 - P(max > z)) / log(1 - P(Z > z)), taken at Bonferroni's point z (a single test at
+    alpha / k): that number changes slowly with z, so this is close to the raw level at which
+    the test would just have passed, without a root search over the multivariate normal, and
+    it is taken where the normal's probability is accurate, not at a p-value of 1e-12."""
     order = sorted(range(len(p_values)), key=lambda i: p_values[i])
     levels = [0.0] * len(p_values)
     for step, i in enumerate(order):
-        p = max(p_values[i], 1e-300)
+        p = p_values[i]
         if p >= alpha:  # the maximum's p-value is never below a single test's
             break
         rest = order[step:]
-        p_max = max(_max_p(float(special.ndtri(1 - p)), corr[np.ix_(rest, rest)]), p)
-        if p_max >= alpha:
+        sub = corr[np.ix_(rest, rest)]
+        if _max_p(float(special.ndtri(1 - max(p, 1e-300))), sub) >= alpha:
             break
-        tests = math.log1p(-p_max) / math.log1p(-p)
+        bonferroni = alpha / len(rest)
+        at_point = _max_p(float(special.ndtri(1 - bonferroni)), sub)
+        tests = min(max(math.log1p(-at_point) / math.log1p(-bonferroni), 1.0), len(rest))
         levels[i] = max(-math.expm1(math.log1p(-alpha) / tests), p)
     return levels
 
