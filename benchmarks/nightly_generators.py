@@ -1,16 +1,27 @@
 """Nightly metric histories with a known truth, for benchmarks/regression_false_alarms.py.
 
-Two families. The tuned family is what the detector's constants were chosen on; the held-out
-family was written after them and never used to change them, so its figures are the honest
-ones.
+A recipe's four judged metrics are drawn the way a run produces them, not independently: each
+night the train time and the rollout time are drawn, the cycle time is their sum and the
+throughput is a fixed number of tokens per cycle over the cycle time. So the cycle time moves
+with both parts and tokens/s mirrors the cycle time, as on a real cluster (before, the four
+metrics were drawn independently, which no run produces).
+
+Three families. The tuned family is what the detector's constants were chosen on; the held-out
+family was written after them and never used to change them; the unseen family was written
+before the max-statistic over metrics was measured and was never looked at while tuning it.
 
 - tuned: Gaussian noise, or Student t with 3 degrees of freedom scaled to the same sd.
 - held-out: Laplace noise (scaled to the sd); right-skewed noise (a lognormal whose log has sd
   0.8, centred and scaled to the sd: slow nights are far slower than fast nights are fast); and
-  Gaussian noise with one night in 30 on a slow node (+4 to +8 noise sd on that metric).
+  Gaussian noise with one night in 30 on a slow node (+4 to +8 noise sd on both parts).
+- unseen: gamma noise (shape 4, skewness 1, scaled to the sd); and Gaussian noise with
+  contention bursts: about one night in 20 starts a burst of 2-3 nights on which both parts are
+  +1 to +2 noise sd slower (a shared file system or network under load for a few days).
 
-Levels: every metric of a recipe has its own level ~ U(20, 500); a shift multiplies the level
-from its night on; a drift multiplies night j after its start by 1 + rate * j.
+Levels: train and rollout each ~ U(20, 500) s; tokens per cycle ~ U(1e5, 1e6). A shift
+multiplies the train time from its night on; a drift multiplies night j after its start by
+1 + rate * j. The noise is `cv` relative on each part, so the train time (metric 0) carries
+exactly the scenario's shift at the scenario's noise.
 """
 
 from __future__ import annotations
@@ -20,44 +31,59 @@ from dataclasses import dataclass
 
 import numpy as np
 
-Noise = Callable[[np.random.Generator, int], np.ndarray]  # unit-sd noise, n draws
+# Unit-sd noise of the two drawn parts, shape (2, nights): row 0 train, row 1 rollout.
+Noise = Callable[[np.random.Generator, int], np.ndarray]
+
+METRICS = ("m0_train_s", "m1_rollout_s", "m2_cycle_s", "m3_tokens_per_sec")
 
 
 def gauss(rng: np.random.Generator, n: int) -> np.ndarray:
-    return rng.standard_normal(n)
+    return rng.standard_normal((2, n))
 
 
 def student_t3(rng: np.random.Generator, n: int) -> np.ndarray:
-    return rng.standard_t(3, n) / np.sqrt(3.0)
+    return rng.standard_t(3, (2, n)) / np.sqrt(3.0)
 
 
 def laplace(rng: np.random.Generator, n: int) -> np.ndarray:
-    return rng.laplace(0.0, 1 / np.sqrt(2.0), n)
+    return rng.laplace(0.0, 1 / np.sqrt(2.0), (2, n))
 
 
 def skewed(rng: np.random.Generator, n: int) -> np.ndarray:
     s = 0.8
     mean, sd = np.exp(s * s / 2), np.sqrt((np.exp(s * s) - 1) * np.exp(s * s))
-    return (rng.lognormal(0.0, s, n) - mean) / sd
+    return (rng.lognormal(0.0, s, (2, n)) - mean) / sd
 
 
 def slow_node(rng: np.random.Generator, n: int) -> np.ndarray:
-    x = rng.standard_normal(n)
+    x = rng.standard_normal((2, n))
     hit = rng.random(n) < 1 / 30
-    x[hit] += rng.uniform(4.0, 8.0, int(hit.sum()))
+    x[:, hit] += rng.uniform(4.0, 8.0, int(hit.sum()))
+    return x
+
+
+def gamma(rng: np.random.Generator, n: int) -> np.ndarray:
+    shape = 4.0
+    return (rng.gamma(shape, 1.0, (2, n)) - shape) / np.sqrt(shape)
+
+
+def bursts(rng: np.random.Generator, n: int) -> np.ndarray:
+    x = rng.standard_normal((2, n))
+    for start in np.flatnonzero(rng.random(n) < 1 / 20):
+        x[:, start : start + int(rng.integers(2, 4))] += rng.uniform(1.0, 2.0)
     return x
 
 
 TUNED: dict[str, Noise] = {"gauss": gauss, "t3": student_t3}
 HELD_OUT: dict[str, Noise] = {"laplace": laplace, "skewed": skewed, "slow-node": slow_node}
+UNSEEN: dict[str, Noise] = {"gamma": gamma, "bursts": bursts}
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """`nights` values of `metrics` metrics; metric 0 changes from night `start` on."""
+    """`nights` nights of the four METRICS; the train time changes from night `start` on."""
 
     nights: int
-    metrics: int = 4
     cv: float = 0.02
     start: int | None = None
     shift: float = 0.0  # relative step at `start`
@@ -65,15 +91,13 @@ class Scenario:
 
 
 def history(rng: np.random.Generator, scenario: Scenario, noise: Noise) -> np.ndarray:
-    """(metrics, nights) array of nightly values."""
-    levels = rng.uniform(20, 500, scenario.metrics)
-    x = levels[:, None] * (
-        1
-        + scenario.cv
-        * noise(rng, scenario.metrics * scenario.nights).reshape(scenario.metrics, scenario.nights)
-    )
+    """(4, nights) array of nightly values, rows in the order of METRICS."""
+    levels = rng.uniform(20, 500, 2)
+    tokens = rng.uniform(1e5, 1e6)
+    parts = levels[:, None] * (1 + scenario.cv * noise(rng, scenario.nights))
     if scenario.start is not None:
         after = np.arange(scenario.nights) >= scenario.start
         since = np.maximum(np.arange(scenario.nights) - scenario.start + 1, 0)
-        x[0] *= np.where(after, 1 + scenario.shift, 1.0) * (1 + scenario.drift * since)
-    return x
+        parts[0] *= np.where(after, 1 + scenario.shift, 1.0) * (1 + scenario.drift * since)
+    cycle = parts.sum(axis=0)
+    return np.vstack([parts, cycle, tokens / cycle])

@@ -1,21 +1,29 @@
 """False "regressed" nights and caught shifts of the nightly regression verdict, through the
 same path `recipeval publish` takes (publish.compare.judge_run over run records: four judged
-metrics a recipe, Holm over them, change points, what changed).
+metrics a recipe, one max-statistic over them, change points, what changed).
 
     python benchmarks/regression_false_alarms.py [--trials 300] [--seed 0]
+        [--family tuned|held-out|unseen|all] [--noise gauss] [--history 15 30]
 
-Generators: benchmarks/nightly_generators.py (a tuned family and a held-out one). Per noise
-model, rows:
+Generators: benchmarks/nightly_generators.py (a tuned family, a held-out one and an unseen
+one; the four metrics of a recipe drawn as a run produces them: train and rollout times, their
+sum the cycle time, tokens/s its inverse). Per noise model, rows:
 
 - quiet, cv 2 %: 30 nights at a constant level; every second night from the 5th on is judged,
   and one is a false alarm when the recipe is "regressed" (target <= 1 % of quiet
   recipe-nights). The detector is scale-free (z statistics on a robust noise scale), so the
   noise level does not change this rate.
-- +4 % at 0.5 % noise, +6 % at 2 % noise: 15 (or 30) quiet nights, then metric 0 shifts and
+- +4 % at 0.5 % noise, +6 % at 2 % noise: 15 (or 30) quiet nights, then the train time
+  (metric 0; the cycle time and tokens/s follow it by its share of the cycle) shifts and
   the torch package is bumped the same night; caught when the recipe is "regressed" on one of the first
   three shifted nights with metric 0 regressed, the change run being the night of the shift
   and "what changed" naming torch (target >= 95 %).
 - +0.5 %/night drift at 1 % noise after 15 (or 30) quiet nights: caught within 10 nights.
+
+    python benchmarks/regression_false_alarms.py --oracle [--trials 5000]
+
+prints the bound instead: the +6 % / 2 % shift caught by a t test told the shift's night, at
+the recipe's level, for 15-60 nights of history.
 Each night a random one of three hosts runs the recipe, so "what changed" always has noise.
 """
 
@@ -25,9 +33,15 @@ import argparse
 import time
 
 import numpy as np
-from nightly_generators import HELD_OUT, TUNED, Noise, Scenario, history
+from nightly_generators import HELD_OUT, METRICS, TUNED, UNSEEN, Noise, Scenario, history
+from scipy import stats
 
-from recipeval.analysis.regression import RegressionSettings
+from recipeval.analysis.regression import (
+    RegressionSettings,
+    higher_is_better,
+    max_statistic_levels,
+    metric_correlation,
+)
 from recipeval.publish.compare import judge_run
 from recipeval.publish.records import RunRecord, StageSummary
 
@@ -37,7 +51,7 @@ RECIPE = "bench-recipe"
 def records(rng: np.random.Generator, values: np.ndarray, bump_at: int | None) -> list[RunRecord]:
     runs = []
     for night in range(values.shape[1]):
-        metrics = {f"bench.metrics.m{i}": float(v) for i, v in enumerate(values[:, night])}
+        metrics = {f"bench.metrics.{m}": float(v) for m, v in zip(METRICS, values[:, night])}
         torch = "2.9.2" if bump_at is not None and night >= bump_at else "2.9.1"
         runs.append(
             RunRecord(
@@ -89,7 +103,7 @@ def catch_rate(
         for night in range(start, start + within):
             verdict = judge_run(runs[night], runs[: night + 1], settings)
             if verdict.status == "regressed" and any(
-                m.metric.endswith("m0") for m in verdict.regressions
+                m.metric.endswith(METRICS[0]) for m in verdict.regressions
             ):
                 caught += 1
                 delays.append(night - start + 1)
@@ -99,23 +113,72 @@ def catch_rate(
     return caught / trials, right / trials, float(np.mean(delays)) if delays else float("nan")
 
 
+def oracle_catch_rate(
+    rng: np.random.Generator, quiet_nights: int, trials: int, alpha: float
+) -> tuple[float, float]:
+    """The +6 % / 2 % shift told its night: on the third shifted night, a pooled two-sample
+    t test (one-sided, towards worse) of each metric's three shifted nights against the quiet
+    ones. Returns the share caught (a) by the train time alone at `alpha` and (b) by the
+    recipe's step-down max-statistic over its four metrics at `alpha` (their correlation from
+    the quiet nights, as judge_many does); Gaussian noise, the generator of the tuned family."""
+    alone = recipe = 0
+    signs = np.array([-1.0 if higher_is_better(m) else 1.0 for m in METRICS])
+    for _ in range(trials):
+        scenario = Scenario(quiet_nights + 3, cv=0.02, start=quiet_nights, shift=0.06)
+        x = history(rng, scenario, TUNED["gauss"]) * signs[:, None]
+        before, after = x[:, :quiet_nights], x[:, quiet_nights:]
+        t, _ = stats.ttest_ind(after, before, axis=1)
+        p = stats.t.sf(t, quiet_nights + 1)
+        alone += bool(p[0] < alpha)
+        corr = metric_correlation(list(before - np.median(before, axis=1, keepdims=True)))
+        recipe += max_statistic_levels(list(p), corr, alpha)[0] > 0
+    return alone / trials, recipe / trials
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--family", choices=("tuned", "held-out", "both"), default="both")
+    parser.add_argument("--family", choices=("tuned", "held-out", "unseen", "all"), default="all")
+    parser.add_argument(
+        "--history",
+        type=int,
+        nargs="+",
+        default=[15, 30],
+        help="quiet nights before a shift or drift (default 15 30)",
+    )
+    parser.add_argument(
+        "--noise", help="only this noise model (e.g. gauss); default all of the family"
+    )
+    parser.add_argument(
+        "--oracle",
+        action="store_true",
+        help="only the bound: the +6 %% / 2 %% shift caught when its night is known",
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     settings = RegressionSettings()
+    if args.oracle:
+        for level, name in ((settings.alpha / 2, "alpha / 2"), (settings.alpha, "alpha")):
+            for quiet_nights in (15, 30, 45, 60):
+                alone, recipe = oracle_catch_rate(rng, quiet_nights, args.trials, level)
+                print(
+                    f"oracle at {name} ({level:g}) one-sided, night 3 of the shift after "
+                    f"{quiet_nights} nights: train time alone {alone:6.1%}, max over the "
+                    f"recipe's four metrics {recipe:6.1%}"
+                )
+        return
     print(f"settings: {settings}; {args.trials} recipes (4 metrics each) per row")
     started = time.perf_counter()
-    for family, models in (("tuned", TUNED), ("held-out", HELD_OUT)):
-        if args.family not in (family, "both"):
+    for family, models in (("tuned", TUNED), ("held-out", HELD_OUT), ("unseen", UNSEEN)):
+        if args.family not in (family, "all"):
             continue
         for name, noise in models.items():
+            if args.noise not in (None, name):
+                continue
             quiet = false_alarm_rate(rng, noise, args.trials, settings)
             print(f"{family:8} {name:9} false 'regressed' per quiet recipe-night: {quiet:.2%}")
-            for quiet_nights in (15, 30):
+            for quiet_nights in args.history:
                 for label, scenario, within in (
                     (
                         "+4 % at 0.5 % noise",

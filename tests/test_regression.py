@@ -17,6 +17,8 @@ from recipeval.analysis.regression import (
     higher_is_better,
     judge,
     judge_many,
+    max_statistic_levels,
+    metric_correlation,
 )
 
 STEP = "bench.perf/step_time"
@@ -81,7 +83,7 @@ def test_heavy_tailed_quiet_recipes_rarely_regress() -> None:
     assert flagged <= 3
 
 
-def test_false_alarms_are_controlled_per_recipe_by_holm() -> None:
+def test_false_alarms_are_controlled_per_recipe_by_the_max_statistic() -> None:
     history = _noisy(20, 100.0, 0.01, seed=11)
     # The smallest three-night step that one metric judged alone calls a regression...
     value = next(
@@ -89,11 +91,32 @@ def test_false_alarms_are_controlled_per_recipe_by_holm() -> None:
         for v in np.arange(100.0, 120.0, 0.1)
         if judge(STEP, [*history, v, v], v).kind == "regression"
     )
-    # ...is not one when the recipe has three more (quiet) metrics: Holm tests it at alpha / 4.
+    # ...is not one when the recipe has three more (quiet, independent) metrics: the maximum
+    # over four independent tests needs about alpha / 4 each.
     others = {m: (_noisy(20, 50.0, 0.01, seed=20 + i), 50.0) for i, m in enumerate(QUIET)}
     together = judge_many({STEP: ([*history, value, value], value), **others})
     assert together[STEP].kind == "unchanged"
     assert all(v.kind == "unchanged" for v in together.values())
+
+
+def test_correlated_metrics_cost_less_than_independent_ones() -> None:
+    # A cycle time that is the sum of its parts, and tokens/s its inverse, are measured from
+    # the recipe's own nights as correlated (signed so that worse is positive)...
+    rng = np.random.default_rng(3)
+    train, rollout = rng.standard_normal(20), rng.standard_normal(20)
+    corr = metric_correlation([train, train + rollout, train + rollout])
+    assert corr[1, 2] == pytest.approx(1.0, abs=1e-6)
+    assert 0.4 < corr[0, 1] < 0.95 and np.allclose(corr, corr.T)
+    # ...and nights that do not line up are taken as independent.
+    assert np.array_equal(metric_correlation([train, rollout[:15]]), np.eye(2))
+    # A p-value of 0.004 passes at 0.005 when the other three tests are copies of it, not when
+    # they are independent (about 0.005 / 4 each); the smallest passes first (step-down).
+    p_values = [0.004, 0.3, 0.0002, 0.6]
+    independent = max_statistic_levels(p_values, np.eye(4), 0.005)
+    assert independent[2] == pytest.approx(1 - (1 - 0.005) ** 0.25, rel=0.02)
+    assert independent[0] == 0.0 and independent[1] == independent[3] == 0.0
+    copies = max_statistic_levels(p_values, np.full((4, 4), 0.999) + 0.001 * np.eye(4), 0.005)
+    assert copies[0] > 0.004 and copies[2] > 0.004 and copies[1] == 0.0
 
 
 def test_small_but_clear_change_is_reported_as_such() -> None:
