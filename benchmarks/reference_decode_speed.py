@@ -124,6 +124,7 @@ def time_mode(
     args: argparse.Namespace,
     mode: str,
     backend: str,
+    floor_ms: float,
 ) -> dict[str, object]:
     """Time one decode mode with one attention backend and print its line."""
     graph, compiled = mode in ("graph", "compile-graph"), mode.startswith("compile")
@@ -134,7 +135,7 @@ def time_mode(
     seconds = min(times)
     tps = args.batch * args.new_tokens / seconds
     ms = 1000 * seconds / args.new_tokens
-    ratio = ms / floor_ms_per_step(model, args)["floor_ms_per_step"]
+    ratio = ms / floor_ms
     print(
         f"{mode} ({backend} attention): {args.new_tokens} tokens x {args.batch} in {seconds:.2f} s "
         f"(best of {len(times)}: {', '.join(f'{t:.2f}' for t in times)}) = {tps:.0f} tok/s, "
@@ -233,7 +234,9 @@ def main() -> None:
         modes = list(filter(None, args.modes.split(",")))
         for backend in filter(None, args.attention_backends.split(",")):
             for mode in modes:
-                summary[f"{mode} ({backend})"] = time_mode(model, prompts, args, mode, backend)
+                summary[f"{mode} ({backend})"] = time_mode(
+                    model, prompts, args, mode, backend, floor["floor_ms_per_step"]
+                )
     print(json.dumps(summary, indent=2))
 
 

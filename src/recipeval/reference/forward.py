@@ -226,7 +226,8 @@ def forward(
     sin_t = sin.index_select(0, positions)
     folded = allowed.repeat(g, 1) if allowed is not None else None
     one_token = decode_attention if t == 1 else None
-    length = positions + 1  # (1,): the written slots a one-token step attends to
+    # (1,): the written slots a one-token step attends to; not computed for other steps.
+    length = positions + 1 if one_token is not None else None
     x = F.embedding(tokens, weights.embed)
     for i, layer in enumerate(weights.layers):
         bias = layer.qkv_bias.tensor if layer.qkv_bias is not None else None
