@@ -20,6 +20,8 @@ from recipeval.analysis.regression import (
     max_statistic_levels,
     metric_correlation,
 )
+from recipeval.publish.compare import judge_run
+from recipeval.publish.records import RunRecord, StageSummary
 
 STEP = "bench.perf/step_time"
 QUIET = ("bench.perf/rollout_time", "bench.perf/actor_train_time", "bench.cycle_time")
@@ -252,3 +254,44 @@ def test_acknowledge_command_ends_a_reported_shift(tmp_path: Path) -> None:
         {"recipe": recipe, "run_id": first["run_id"], "metric": None, "note": "torch 2.9.2"}
     ]
     assert _publish(tmp_path, 8, 474 * 1.3, bumped)["status"] == "ok"
+
+
+def _record(night_index: int, train: float, rollout: float, torch: str) -> RunRecord:
+    metrics = {
+        "bench.metrics.actor_train_time": train,
+        "bench.metrics.rollout_time": rollout,
+        "bench.metrics.cycle_time": train + rollout,
+    }
+    return RunRecord(
+        run_id=f"run{night_index:03d}",
+        recipe="r",
+        recipe_sha256="0" * 64,
+        date=night(night_index).isoformat(),
+        stages={"bench": StageSummary(status="pass")},
+        metrics=metrics,
+        intervals={m: (0.99 * v, 1.01 * v) for m, v in metrics.items()},
+        packages={"torch": torch},
+    )
+
+
+def test_change_night_is_that_of_the_clearest_metric_not_the_earliest() -> None:
+    # A slow rollout the night before a train-time shift pulls the cycle time's change point
+    # one night early; the train time, which carries the whole shift, has it at its night.
+    rng = np.random.default_rng(3)
+    train = 474 * (1 + 0.005 * rng.standard_normal(18))
+    rollout = 300 * (1 + 0.005 * rng.standard_normal(18))
+    train[15:] *= 1.04
+    rollout[14] *= 1.04
+    runs = [
+        _record(i, float(t), float(r), "2.9.2" if i >= 15 else "2.9.1")
+        for i, (t, r) in enumerate(zip(train, rollout, strict=True))
+    ]
+    verdict = next(
+        v
+        for v in (judge_run(runs[i], runs[: i + 1], RegressionSettings()) for i in range(15, 18))
+        if v.status == "regressed"
+    )
+    by_metric = {m.metric: m.change_index for m in verdict.regressions}
+    assert by_metric["bench.metrics.cycle_time"] < by_metric["bench.metrics.actor_train_time"]
+    assert verdict.change_run == "run015"
+    assert {c.key: c.after for c in verdict.changes if c.kind == "package"} == {"torch": "2.9.2"}

@@ -138,6 +138,9 @@ class MetricVerdict:
     # Index, in history + [value], of the first night at the new level (None: no change point).
     change_index: int | None = None
     small: bool = False  # significant but under min_change: "small but clear"
+    # The change in noise sds (level after the last change point against the baseline): where
+    # it is largest, the change point is located best.
+    change_sd: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -602,4 +605,5 @@ def _verdict(cand: _Candidate, settings: RegressionSettings, level: float) -> Me
         reason,
         first if changed else None,
         small,
+        (level_now - baseline) / sigma if changed else None,
     )

@@ -161,13 +161,16 @@ def judge_run(
         verdict.status = "improved"
     if verdict.status == "ok":
         return verdict
+    # The night is that of the metric whose change is largest against its noise: a change point
+    # is located best there (the cycle time carries only the train time's share of a train-time
+    # shift, so a slow night before the shift pulls its split earlier than the train time's).
     located = [
-        (m.change_index, m.metric)
+        (-abs(m.change_sd or 0.0), m.change_index, m.metric)
         for m in verdict.regressions or verdict.improvements
         if m.change_index
     ]
     if located and verdict.status != "failed":
-        index, metric = min(located)
+        _, index, metric = min(located)
         runs = [*runs_of[metric], record]
         verdict.change_run = runs[index].run_id
         before = runs[index - 1]
