@@ -14,6 +14,7 @@ from publish_fixtures import AMD_RECIPE, night, write_run
 from recipeval.analysis.regression import (
     RegressionSettings,
     change_points,
+    change_window,
     higher_is_better,
     judge,
     judge_many,
@@ -295,3 +296,33 @@ def test_change_night_is_that_of_the_clearest_metric_not_the_earliest() -> None:
     assert by_metric["bench.metrics.cycle_time"] < by_metric["bench.metrics.actor_train_time"]
     assert verdict.change_run == "run015"
     assert {c.key: c.after for c in verdict.changes if c.kind == "package"} == {"torch": "2.9.2"}
+
+
+def test_change_placed_a_night_late_still_names_its_cause() -> None:
+    # +6 % at 2 % noise whose first night came out only +1 %: the change point lands on the
+    # second shifted night, but its confidence set reaches back to the first, and "what
+    # changed" is against the run before that, which still has the old torch.
+    rng = np.random.default_rng(0)
+    train = 474 * (1 + 0.02 * rng.standard_normal(19))
+    rollout = 300 * (1 + 0.02 * rng.standard_normal(19))
+    train[15:] *= 1.06
+    train[15] = 474 * 1.01
+    runs = [
+        _record(i, float(t), float(r), "2.9.2" if i >= 15 else "2.9.1")
+        for i, (t, r) in enumerate(zip(train, rollout, strict=True))
+    ]
+    verdict = judge_run(runs[18], runs, RegressionSettings())
+    assert verdict.status == "regressed"
+    assert verdict.change_run == "run016" and verdict.change_span == ("run015", "run016")
+    assert verdict.last_good_run == "run014"
+    assert [c.key for c in verdict.changes] == ["torch"]
+
+
+def test_change_window_narrows_with_the_size_of_the_shift() -> None:
+    noise = np.random.default_rng(5).standard_normal(30)
+    after = np.arange(30) >= 20
+    big = noise + 10.0 * after
+    assert change_points(big) == [20] and change_window(big, [20], 20, 1.0) == (20, 20)
+    small = noise + 2.0 * after  # two noise sds: not placed to the night
+    first, last = change_window(small, [20], 20, 1.0)
+    assert first <= 20 <= last and last > first

@@ -114,6 +114,15 @@ MVN_POINTS = 10_000
 CORR_RIDGE = 1e-6
 
 
+# The change night's confidence set: the splits whose two-level fit is worse than the best
+# split's by at most -2 log(CHANGE_WINDOW_LEVEL / 2) in squared noise sds. Under a shift the
+# log-likelihood's profile around the true night is close to a two-sided random walk with
+# drift, whose excursion beyond u has probability about 2 exp(-u) (Hinkley 1970), so the set
+# holds the true night in about 1 - CHANGE_WINDOW_LEVEL of shifts.
+CHANGE_WINDOW_LEVEL = 0.05
+_CHANGE_WINDOW_RSS = -2 * math.log(CHANGE_WINDOW_LEVEL / 2)
+
+
 @dataclass(frozen=True)
 class RegressionSettings:
     min_change: float = 0.05  # practical significance: clear changes under it are "small"
@@ -141,6 +150,9 @@ class MetricVerdict:
     # The change in noise sds (level after the last change point against the baseline): where
     # it is largest, the change point is located best.
     change_sd: float | None = None
+    # First and last index (as change_index) of the nights the change may have started on, at
+    # CHANGE_WINDOW_LEVEL: a shift of a few noise sds cannot be placed to the night.
+    change_window: tuple[int, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -323,6 +335,31 @@ def _binary_segmentation(
             pending += [(a, k), (k, b)]
     p_first, z_first = first or (1.0, 0.0)
     return found, p_first, z_first
+
+
+def change_window(
+    x: np.ndarray, points: Sequence[int], index: int, sigma: float
+) -> tuple[int, int]:
+    """The nights change point `index` (one of `points`, in x) may have started on: the run of
+    splits between its neighbouring change points whose two-level fit is within
+    _CHANGE_WINDOW_RSS squared noise sds of the best one (see CHANGE_WINDOW_LEVEL)."""
+    at = sorted(points).index(index)
+    lo = sorted(points)[at - 1] if at else 0
+    hi = sorted(points)[at + 1] if at + 1 < len(points) else len(x)
+    seg = x[lo:hi]
+    k = np.arange(1, len(seg))
+    left = np.cumsum(seg)[:-1] / k
+    right = (seg.sum() - left * k) / (len(seg) - k)
+    # The two-level fit's RSS at split k is the total's less the between-levels sum of squares.
+    between = (right - left) ** 2 * k * (len(seg) - k) / len(seg)
+    worse = (between[index - lo - 1] - between) / sigma**2
+    inside = worse <= _CHANGE_WINDOW_RSS
+    start = end = index - lo - 1
+    while start > 0 and inside[start - 1]:
+        start -= 1
+    while end + 1 < len(inside) and inside[end + 1]:
+        end += 1
+    return lo + 1 + start, lo + 1 + end
 
 
 def _refine(x: np.ndarray, points: list[int]) -> list[int]:
@@ -606,4 +643,5 @@ def _verdict(cand: _Candidate, settings: RegressionSettings, level: float) -> Me
         first if changed else None,
         small,
         (level_now - baseline) / sigma if changed else None,
+        change_window(x, points, first, sigma) if changed else None,
     )

@@ -1,7 +1,10 @@
 """A run against its history: a regression verdict per metric and, where something changed,
 what differs between the last run before the change point and this run (recipe values,
 packages, trainer revision, machine). Against the last good run instead, a shift not caught
-on its first night was compared with a run already shifted, and the cause was never named."""
+on its first night was compared with a run already shifted, and the cause was never named.
+The change point is a night's estimate; "before" is the run before the earliest night of its
+confidence set (regression.change_window), so a shift placed a night late still names its
+cause."""
 
 from __future__ import annotations
 
@@ -42,6 +45,9 @@ class RecipeVerdict:
     last_good_run: str | None = None  # the run "what changed" compares with
     changes: list[Change] = field(default_factory=list)
     change_run: str | None = None  # first run at the new level, when a change point was found
+    # The first and last run the change may have started on (the change night's confidence
+    # set); "what changed" is against the run before the first.
+    change_span: tuple[str, str] | None = None
 
     @property
     def regressions(self) -> list[MetricVerdict]:
@@ -59,6 +65,7 @@ class RecipeVerdict:
             "failures": self.failures,
             "last_good_run": self.last_good_run,
             "change_run": self.change_run,
+            "change_span": list(self.change_span) if self.change_span else None,
             "metrics": [m.to_dict() for m in self.metrics],
             "changes": [vars(c) for c in self.changes],
         }
@@ -165,15 +172,19 @@ def judge_run(
     # is located best there (the cycle time carries only the train time's share of a train-time
     # shift, so a slow night before the shift pulls its split earlier than the train time's).
     located = [
-        (-abs(m.change_sd or 0.0), m.change_index, m.metric)
+        (-abs(m.change_sd or 0.0), m.change_index, m.metric, m.change_window)
         for m in verdict.regressions or verdict.improvements
         if m.change_index
     ]
     if located and verdict.status != "failed":
-        _, index, metric = min(located)
+        _, index, metric, window = min(located)
         runs = [*runs_of[metric], record]
         verdict.change_run = runs[index].run_id
-        before = runs[index - 1]
+        first, last = window or (index, index)
+        verdict.change_span = (runs[first].run_id, runs[last].run_id)
+        # Against the run before the earliest night the change may have started on: a shift
+        # of a few noise sds placed a night late would otherwise miss its cause.
+        before = runs[first - 1]
     else:
         good = [r for r in prior if not r.failed]
         if not good:

@@ -53,14 +53,21 @@ def _changes_html(verdict: RecipeVerdict) -> str:
     if verdict.last_good_run is None:
         return out + "<p>No earlier good run to compare with.</p>"
     before = f"<code>{html.escape(verdict.last_good_run)}</code>"
-    # With a change point, "what changed" is against the last run before it: last night's run
-    # may already be at the new level.
-    against = (
-        f"the last run before the change point at <code>{html.escape(verdict.change_run)}</code>, "
-        f"{before}"
-        if verdict.change_run
-        else f"the last good run {before}"
-    )
+    # With a change point, "what changed" is against the last run before the earliest night it
+    # may have started on: last night's run may already be at the new level.
+    if verdict.change_run:
+        first, last = verdict.change_span or (verdict.change_run, verdict.change_run)
+        span = (
+            f", or anywhere from <code>{html.escape(first)}</code> to <code>{html.escape(last)}</code>"
+            if first != last
+            else ""
+        )
+        against = (
+            f"the last run before the change point, {before} (the change point is at "
+            f"<code>{html.escape(verdict.change_run)}</code>{span})"
+        )
+    else:
+        against = f"the last good run {before}"
     if not verdict.changes:
         return out + (f"<p>Nothing differs from {against} in recipe, packages or provenance.</p>")
     rows = "".join(
