@@ -337,23 +337,31 @@ def _binary_segmentation(
     return found, p_first, z_first
 
 
-def change_window(
-    x: np.ndarray, points: Sequence[int], index: int, sigma: float
-) -> tuple[int, int]:
-    """The nights change point `index` (one of `points`, in x) may have started on: the run of
-    splits between its neighbouring change points whose two-level fit is within
-    _CHANGE_WINDOW_RSS squared noise sds of the best one (see CHANGE_WINDOW_LEVEL)."""
-    at = sorted(points).index(index)
-    lo = sorted(points)[at - 1] if at else 0
-    hi = sorted(points)[at + 1] if at + 1 < len(points) else len(x)
-    seg = x[lo:hi]
+def _between_levels(seg: np.ndarray) -> np.ndarray:
+    """Between-levels sum of squares of the two-level fit at every split k = 1 .. len(seg) - 1
+    (entry k - 1): the total sum of squares less the fit's RSS, so its largest entry is the
+    least-squares split."""
     k = np.arange(1, len(seg))
     left = np.cumsum(seg)[:-1] / k
     right = (seg.sum() - left * k) / (len(seg) - k)
-    # The two-level fit's RSS at split k is the total's less the between-levels sum of squares.
-    between = (right - left) ** 2 * k * (len(seg) - k) / len(seg)
-    worse = (between[index - lo - 1] - between) / sigma**2
-    inside = worse <= _CHANGE_WINDOW_RSS
+    return (right - left) ** 2 * k * (len(seg) - k) / len(seg)
+
+
+def _neighbours(points: Sequence[int], i: int, n: int) -> tuple[int, int]:
+    """The segment of x (length n) that change point points[i] splits: from the previous
+    change point to the next (points sorted)."""
+    return (points[i - 1] if i else 0), (points[i + 1] if i + 1 < len(points) else n)
+
+
+def change_window(
+    x: np.ndarray, points: Sequence[int], index: int, sigma: float
+) -> tuple[int, int]:
+    """The nights change point `index` (one of the sorted `points`, in x) may have started on:
+    the run of splits between its neighbouring change points whose two-level fit is within
+    _CHANGE_WINDOW_RSS squared noise sds of the best one (see CHANGE_WINDOW_LEVEL)."""
+    lo, hi = _neighbours(points, list(points).index(index), len(x))
+    between = _between_levels(x[lo:hi])
+    inside = (between[index - lo - 1] - between) / sigma**2 <= _CHANGE_WINDOW_RSS
     start = end = index - lo - 1
     while start > 0 and inside[start - 1]:
         start -= 1
@@ -364,19 +372,14 @@ def change_window(
 
 def _refine(x: np.ndarray, points: list[int]) -> list[int]:
     """Move each change point to the least-squares split between its neighbours (largest
-    |mean difference| x sqrt(n_left n_right)): the search weighs the newest splits by their
+    between-levels sum of squares): the search weighs the newest splits by their
     reference distribution and winsorises each side, which can favour a right side of three
     nights (one of them clipped) over the two that really moved; "what changed" needs the
     right night."""
     out = list(points)
     for i in range(len(out)):
-        lo = out[i - 1] if i else 0
-        hi = out[i + 1] if i + 1 < len(out) else len(x)
-        seg = x[lo:hi]
-        k = np.arange(1, len(seg))
-        left = np.cumsum(seg)[:-1] / k
-        right = (seg.sum() - left * k) / (len(seg) - k)
-        out[i] = lo + int(k[np.argmax(np.abs(right - left) * np.sqrt(k * (len(seg) - k)))])
+        lo, hi = _neighbours(out, i, len(x))
+        out[i] = lo + 1 + int(np.argmax(_between_levels(x[lo:hi])))
     return out
 
 
