@@ -33,9 +33,10 @@ def execute_train(train_args, megatron_model_type, extra_env_vars):
            "MASTER_ADDR": "127.0.0.1", "FAST_LINKS": str(int(links > 0)), **extra_env_vars,
            "PYTHONPATH": ROOT + ":/opt/megatron"}}
     exec_command_cpu(
-        "export no_proxy=127.0.0.1 && ray job submit "
+        f"export no_proxy=127.0.0.1 && source {{ROOT}}/scripts/models/{{megatron_model_type}}.sh && "
+        "ray job submit "
         f"--runtime-env-json={{shlex.quote(json.dumps({{'env_vars': env}}))}} -- python3 {{ROOT}}/train.py "
-        f"--num-layers 2 --hidden-size 64 --num-attention-heads 4 {{train_args}}"
+        f"${{{{MODEL_ARGS[@]}}}} {{train_args}}"
     )
 """
 
@@ -71,7 +72,11 @@ def checkout(tmp_path: Path) -> tuple[Path, Path]:
     for package in (root / "miles", root / "miles" / "utils", utils):
         (package / "__init__.py").write_text("")
     (utils / "command_utils.py").write_text(COMMAND_UTILS.format(marker=marker))
-    (root / "scripts").mkdir()
+    (root / "scripts" / "models").mkdir(parents=True)
+    # As older miles commands do, the model's flags come from sourcing its script.
+    (root / "scripts" / "models" / "tiny.sh").write_text(
+        "MODEL_ARGS=(--num-layers 2 --hidden-size 64 --num-attention-heads 4)\n"
+    )
     (root / "scripts" / "run_tiny.py").write_text(SCRIPT.format(marker=marker))
     return root, marker
 
@@ -321,3 +326,35 @@ def test_the_golden_script_records_each_recipe_at_its_source_commit(checkout, tm
         ).stdout
         == ""
     )
+
+
+@pytest.mark.parametrize(
+    "lr",
+    [
+        "1e-6; echo pwned > {out}",
+        "1e-6 $(/usr/bin/touch {out})",
+        "1e-6; exec /usr/bin/touch {out}",
+    ],
+)
+def test_shell_text_in_the_script_arguments_starts_nothing(checkout, tmp_path, lr):
+    """miles pastes `--lr` into its command unquoted: whatever that text says, reading the
+    command runs no program and writes no file."""
+    root, marker = checkout
+    out = tmp_path / "pwned"
+    rec = record_launch(
+        root, "scripts/run_tiny.py", ["train", "--lr", lr.format(out=out)], commit="abc1234"
+    )
+    assert not out.exists() and not marker.exists()
+    assert rec.entrypoint[rec.entrypoint.index("--lr") + 1] == "1e-6"
+
+
+def test_shell_text_that_never_ends_is_stopped(checkout, monkeypatch):
+    root, _ = checkout
+    monkeypatch.setattr("recipeval.engines.miles.record._SHELL_TIMEOUT_S", 2)
+    with pytest.raises(RecordError, match="did not"):
+        record_launch(
+            root,
+            "scripts/run_tiny.py",
+            ["train", "--lr", "$(while :; do :; done)"],
+            commit="abc1234",
+        )

@@ -2,8 +2,9 @@
 
 The script's own typer app runs in a subprocess (record_driver.py) with miles' process-starting
 helpers replaced by a recorder. The recorded `ray job submit` command is shell text; it is
-turned into words by bash itself, in a sandbox where `ray` is a function that writes its
-arguments down and PATH names an empty directory, so no program can start.
+turned into words by bash itself, restricted (no redirection, no `exec`, no `/` in a command
+name), where `ray` is a function that prints its arguments and PATH names an empty directory,
+so no program can start and no file be written, whatever the script's arguments put into it.
 
 Where the checkout lives is not part of a launch: its path is written as MILES_PLACEHOLDER.
 """
@@ -16,6 +17,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -32,6 +34,9 @@ PROBE_ANSWERS = ("0", "1")
 RECORD_TIMEOUT_S = 120
 # Shell state bash exports by itself; not part of the recorded command.
 _SHELL_OWN = {"PATH", "PWD", "OLDPWD", "SHLVL", "_"}
+# Limits of the bash that reads a recorded command (it only expands words).
+_SHELL_TIMEOUT_S = 30
+_SHELL_MEMORY_KB = 1 << 20
 
 
 class RecordError(Exception):
@@ -232,32 +237,56 @@ def _launch(
 
 
 def _shell_words(command: str) -> tuple[list[str], dict[str, str]]:
-    """The words bash passes to `ray` for `command`, and the variables it exported."""
+    """The words bash passes to `ray` for `command`, and the variables it exported.
+
+    The command is miles' shell text, built from the recipe's `source.args`: bash reads it in
+    restricted mode (no output redirection, no `exec`, no command name with a `/`), PATH an empty
+    directory and memory and CPU limited, so text that slipped into it can start no program and
+    write no file. `ray` prints its words to stdout between random markers."""
     bash = shutil.which("bash")
     if bash is None:
         raise RecordError("bash is needed to read the recorded launch command; none on PATH")
+    marker = os.urandom(16).hex()
+    # Restricted bash refuses `source` of a path; older miles commands source the model's
+    # script from the checkout, so `source` and `.` read the file and evaluate it, still
+    # restricted.
+    prelude = (
+        f"ulimit -v {_SHELL_MEMORY_KB} -t {_SHELL_TIMEOUT_S}\n"
+        'source() { local __sourced=$1; shift; eval "$(< "$__sourced")"; }; .() { source "$@"; }\n'
+        f'ray() {{ printf "%s\\0" {marker} "$@" {marker}; '
+        'for n in $(compgen -e); do printf "%s=%s\\0" "$n" "${!n}"; done; '
+        f'printf "%s\\0" {marker}; }}\n'
+    )
     with tempfile.TemporaryDirectory(prefix="recipeval-sh-") as tmp:
-        argv_file, env_file, empty = Path(tmp, "argv"), Path(tmp, "env"), Path(tmp, "bin")
+        empty = Path(tmp, "bin")
         empty.mkdir()
-        prelude = (
-            f"__argv={shlex.quote(str(argv_file))}; __env={shlex.quote(str(env_file))}\n"
-            'ray() { printf "%s\\0" "$@" > "$__argv"; '
-            'for n in $(compgen -e); do printf "%s=%s\\0" "$n" "${!n}"; done > "$__env"; }\n'
-        )
-        proc = subprocess.run(
-            [bash, "--noprofile", "--norc", "-c", prelude + command],
+        proc = subprocess.Popen(
+            [bash, "--noprofile", "--norc", "-r", "-c", prelude + command],
             env={"PATH": str(empty)},
             cwd=tmp,
-            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=30,
-            check=False,
+            start_new_session=True,
         )
-        if not argv_file.is_file():
-            raise RecordError(f"bash did not reach `ray job submit`: {proc.stderr.strip()}")
-        words = argv_file.read_text().split("\0")[:-1]
-        exported = dict(e.split("=", 1) for e in env_file.read_text().split("\0")[:-1])
-    return words, {k: v for k, v in exported.items() if k not in _SHELL_OWN}
+        try:
+            out, err = proc.communicate(timeout=_SHELL_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            # The whole group: a subshell left running would hold the pipes open.
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise RecordError(
+                f"bash did not finish reading the launch command within {_SHELL_TIMEOUT_S} s"
+            ) from exc
+    fields = out.split("\0")
+    if fields.count(marker) < 3:
+        raise RecordError(f"bash did not reach `ray job submit`: {err.strip()}")
+    first = fields.index(marker)
+    middle = fields.index(marker, first + 1)
+    last = fields.index(marker, middle + 1)
+    exported = dict(e.split("=", 1) for e in fields[middle + 1 : last])
+    return fields[first + 1 : middle], {k: v for k, v in exported.items() if k not in _SHELL_OWN}
 
 
 def _placeholder(text: str, checkout: Path) -> str:
