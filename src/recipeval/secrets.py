@@ -2,14 +2,17 @@
 
 A value is secret when its name says so (an env name like HF_TOKEN or DB_PASS, a flag like
 `wandb-key` or `hf-token`) or when its shape does (credentials inside a URL, a long token with
-a known prefix such as hf_/ghp_/sk-/AKIA, a JWT). Logs, result JSON and published outputs are
-scrubbed (value -> ***); the run history keeps a fingerprint (a short sha256 prefix) so a change
-of secret still shows as "changed" without the value.
+a known prefix such as hf_/ghp_/sk-/AKIA, a JWT); so is every word a secret flag is given
+(`--hf-token a b`) and what a JSON string holds under a secret key (`train-env-vars`). Logs,
+result JSON and published outputs are scrubbed (value -> ***); the run history keeps a
+fingerprint (a short sha256 prefix) so a change of secret still shows as "changed" without the
+value.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -68,30 +71,98 @@ def is_secret(name: str, value: Any) -> bool:
     return is_secret_name(name) or (isinstance(value, str) and has_secret_shape(value))
 
 
-def secret_values(environ: Mapping[str, str] | None = None, argv: Iterable[str] = ()) -> list[str]:
+def secret_values(
+    environ: Mapping[str, str] | None = None, argv: Iterable[str] = (), recipe: Any = None
+) -> list[str]:
     """Values to scrub from text: secret-named variables of `environ` (the process's by
-    default) and the values of secret flags in `argv` (`--wandb-key V`, `--hf-token=V`);
+    default), the secrets `argv` gives its flags (`--wandb-key V`, `--hf-token=V`) and every
+    secret a recipe's values carry (`recipe`: nested or flattened, see carried_secrets);
     longest first so a value containing another is replaced whole."""
     environ = dict(os.environ) if environ is None else environ
-    found = {v for k, v in environ.items() if is_secret_name(k) and len(v) >= MIN_SCRUB_LEN}
-    found |= {v for v in flag_secret_values(list(argv)) if len(v) >= MIN_SCRUB_LEN}
+    named = [v for k, v in environ.items() if is_secret_name(k)]
+    carried = [*carried_secrets(list(argv)), *carried_secrets(recipe)]
+    found = {v for v in [*named, *carried] if len(v) >= MIN_SCRUB_LEN}
     return sorted(found, key=len, reverse=True)
 
 
-def flag_secret_values(argv: list[str]) -> list[str]:
-    """The values argv gives to secret flags."""
-    out = []
+def carried_secrets(data: Any, name: str = "") -> list[str]:
+    """Every secret inside JSON-like data (a recipe, one of its values, argv words): all that
+    a secret name holds (`env.HF_TOKEN`, `hf-token: [a, b]`), the values of secret flags in a
+    list of words (`source.args: [train, --wandb-key, V]`) and what a JSON object written as
+    a string holds under secret names (`train-env-vars: '{"WANDB_API_KEY": "V"}'`).
+    Fingerprints are already safe and are not secrets."""
+    if isinstance(data, dict):
+        return [s for key, value in data.items() for s in carried_secrets(value, str(key))]
+    if is_secret_name(name.rsplit(".", 1)[-1]):
+        leaves = data if isinstance(data, list) else [data]
+        return [str(v) for v in leaves if _is_secret_leaf(v)]
+    if isinstance(data, list):
+        words = [str(w) for w in data if not isinstance(w, dict | list)]
+        return [*flag_secret_values(words), *(s for item in data for s in carried_secrets(item))]
+    if isinstance(data, str):
+        return carried_secrets(_json_in(data))
+    return []
+
+
+def _is_secret_leaf(value: Any) -> bool:
+    # None/true/false say whether a secret is set, not what it is.
+    return (
+        value is not None
+        and not isinstance(value, bool | dict | list)
+        and not is_fingerprint(value)
+    )
+
+
+def _json_in(text: str) -> Any:
+    """The JSON object or array `text` holds (a flag such as train-env-vars); None otherwise."""
+    if not text.lstrip().startswith(("{", "[")):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _flag(word: str) -> tuple[str, bool, str] | None:
+    """`--name=value` -> (name, True, value), `--name` -> (name, False, ''); None for a value
+    (and for `--` alone, which ends the options before a command)."""
+    if not word.startswith("--") or len(word) == 2:
+        return None
+    name, eq, value = word[2:].partition("=")
+    return name, bool(eq), value
+
+
+def secret_word_positions(argv: list[str]) -> set[int]:
+    """Where argv holds the words of secret flags. A secret flag takes a value (its name says
+    it holds one), so the word after it is that value whatever it starts with
+    (`--wandb-key --odd-key` is a key, not a second flag), and every word after that up to the
+    next flag is too (a list value, `--hf-token a b`)."""
+    positions: set[int] = set()
+    in_secret = False  # inside a secret flag's words
+    value_due = False  # right after a secret flag written without `=`
     for i, word in enumerate(argv):
-        if not word.startswith("--"):
+        if value_due and word != "--":
+            positions.add(i)
+            value_due = False
             continue
-        name, eq, value = word[2:].partition("=")
-        if not is_secret_name(name):
-            continue
-        if eq:
-            out.append(value)
-        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            out.append(argv[i + 1])
-    return out
+        value_due = False
+        flag = _flag(word)
+        if flag is not None:
+            name, attached, _ = flag
+            in_secret = is_secret_name(name)
+            value_due = in_secret and not attached
+        elif word == "--":
+            in_secret = False
+        elif in_secret:
+            positions.add(i)
+    return positions
+
+
+def flag_secret_values(argv: list[str]) -> list[str]:
+    """The values argv gives to secret flags, as words (see secret_word_positions) or after
+    `=` (`--hf-token=V`)."""
+    attached = [f[2] for f in map(_flag, argv) if f and f[1] and is_secret_name(f[0])]
+    return [*attached, *(argv[i] for i in sorted(secret_word_positions(argv)))]
 
 
 def scrub(text: str, secrets: Iterable[str] = ()) -> str:
@@ -110,25 +181,18 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def redact_argv(argv: list[str]) -> list[str]:
-    """argv with secret flag values replaced and secret-shaped substrings scrubbed."""
+    """argv with the values of secret flags replaced (see secret_word_positions) and
+    secret-shaped substrings scrubbed."""
+    hidden = secret_word_positions(argv)
     out = []
-    hide_next = False
-    for word in argv:
-        if hide_next and not word.startswith("--"):
+    for i, word in enumerate(argv):
+        flag = _flag(word)
+        if i in hidden:
             out.append(REDACTED)
-            hide_next = False
-            continue
-        hide_next = False
-        if word.startswith("--"):
-            name, eq, _ = word[2:].partition("=")
-            if is_secret_name(name):
-                if eq:
-                    out.append(f"--{name}={REDACTED}")
-                else:
-                    out.append(word)
-                    hide_next = True
-                continue
-        out.append(scrub(word))
+        elif flag is not None and flag[1] and is_secret_name(flag[0]):
+            out.append(f"--{flag[0]}={REDACTED}")
+        else:
+            out.append(scrub(word))
     return out
 
 
@@ -170,17 +234,20 @@ def is_fingerprint(value: Any) -> bool:
 
 def fingerprint_secrets(values: Mapping[str, Any]) -> dict[str, Any]:
     """Flattened recipe facts (`env.HF_TOKEN`, `args.wandb-key`, ...) with every secret
-    value (by the last name part or by shape) replaced by its fingerprint."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        leaf = key.rsplit(".", 1)[-1]
-        if value is None or isinstance(value, bool) or is_fingerprint(value):
-            out[key] = value
-        elif is_secret_name(leaf) or _has_secret_shape_in(value):
-            out[key] = fingerprint(value)
-        else:
-            out[key] = value
-    return out
+    value replaced by its fingerprint (see fingerprint_secret)."""
+    return {key: fingerprint_secret(key, value) for key, value in values.items()}
+
+
+def fingerprint_secret(name: str, value: Any) -> Any:
+    """`value` as the history and every shown difference keep it: its fingerprint when it is
+    a secret (by the last part of `name` or by shape) or carries one (a secret flag in a list
+    of words, a secret key in a JSON string); else the value itself."""
+    if value is None or isinstance(value, bool) or is_fingerprint(value):
+        return value
+    leaf = name.rsplit(".", 1)[-1]
+    if is_secret_name(leaf) or _has_secret_shape_in(value) or carried_secrets(value):
+        return fingerprint(value)
+    return value
 
 
 def _has_secret_shape_in(value: Any) -> bool:
