@@ -1,19 +1,52 @@
-"""Secrets a recipe carries itself, beyond a secret-named env var or flag's one word: several
-words or a `--`-looking word given to a secret flag never reach `render --redact`."""
+"""Secrets a recipe carries itself, beyond a secret-named env var or flag: a key in
+`source.args`, a key inside a JSON arg (train-env-vars), several words or a `--`-looking word
+given to a secret flag. None of them reaches a result, the history, `drift`, `ablate` or
+`render --redact`; the history, drift and ablate keep fingerprints instead."""
 
 from __future__ import annotations
 
-from conftest import TINY_RECIPE, run_cli
+import json
+from pathlib import Path
 
-from recipeval.secrets import redact_argv, secret_values
+from conftest import PR_RECIPE, TINY_RECIPE, run_cli
+from publish_fixtures import night, stage_result
 
+from recipeval.publish import history
+from recipeval.publish.records import RunRecord, StageSummary
+from recipeval.result import Check, write_result
+from recipeval.secrets import fingerprint, redact_argv, secret_values
+
+SOURCE_KEY = "plainwandbkey0123456789"  # given to --wandb-key in source.args
+JSON_KEY = "plainwandbkey9999999"  # inside the train-env-vars JSON string
+ENV_KEY = "plainenvsecret4242"
+FLAG_KEY = "anotherplainsecret42"
 LIST_KEYS = ("firstsecret111", "secondsecret222")
 DASH_KEY = "--looksflag-secret333"
-CORPUS = (*LIST_KEYS, DASH_KEY)
+CORPUS = (SOURCE_KEY, JSON_KEY, ENV_KEY, FLAG_KEY, *LIST_KEYS, DASH_KEY)
 
 
 def _leaks(*texts: str) -> list[str]:
     return [secret for secret in CORPUS for text in texts if secret in text]
+
+
+def _files_text(root: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in root.rglob("*") if p.is_file())
+
+
+def _carrier(folder: Path) -> Path:
+    """A miles recipe with secrets where their names say so and where they do not (a key in
+    source.args, one inside a JSON arg)."""
+    path = folder / "carrier.yaml"
+    path.write_text(
+        f"extends: {PR_RECIPE}\nname: carrier\n"
+        "source:\n  commit: 31f1ca961a94cb860cec3b2dea34ec332bfa8f76\n"
+        "  script: scripts/amd/run_deepseek_v4.py\n"
+        f"  args: [train, --wandb-key, {SOURCE_KEY}, --num-nodes, '4']\n"
+        f'args:\n  train-env-vars: \'{{"WANDB_API_KEY": "{JSON_KEY}"}}\'\n'
+        f"  wandb-key: {FLAG_KEY}\n"
+        f"env: {{WANDB_API_KEY: {ENV_KEY}}}\n"
+    )
+    return path
 
 
 # --- every word of a secret flag is its value ---------------------------------------------
@@ -54,3 +87,61 @@ def test_secret_flag_values_are_every_word_up_to_the_next_flag():
         "label",
     ]
     assert set(secret_values({}, argv)) == {*LIST_KEYS, DASH_KEY, "attachedsecret"}
+
+
+# --- the recipe's own secrets in results and history ------------------------------------
+
+
+def test_env_check_result_and_history_keep_no_recipe_secret(tmp_path):
+    recipe = _carrier(tmp_path)
+    results = tmp_path / "results" / "carrier"
+    proc = run_cli("env-check", "--static", str(recipe), "--out", str(results))
+    assert proc.returncode in (0, 1), proc.stderr
+    assert not _leaks(_files_text(results), proc.stdout, proc.stderr)
+    values = json.loads((results / "env_check.json").read_text())["recipe_facts"]["recipe_values"]
+    assert values["args.train-env-vars"] == fingerprint(f'{{"WANDB_API_KEY": "{JSON_KEY}"}}')
+    assert values["source.args"].startswith("sha256:")
+    pub = tmp_path / "pub"
+    publish = run_cli(
+        "publish",
+        str(tmp_path / "results"),
+        *("--tables", str(pub / "tables"), "--history", str(pub / "history")),
+        *("--junit", str(pub / "junit.xml"), "--verdict", str(pub / "regression.json")),
+        "--no-plots",
+    )
+    assert publish.returncode == 0, publish.stderr
+    assert any((pub / "history").glob("*/*.json"))
+    assert not _leaks(_files_text(pub), publish.stdout)
+
+
+def test_write_result_scrubs_recipe_secrets_wherever_they_show(tmp_path):
+    """An engine or a check may echo the recipe's values; the written result never holds them."""
+    echo = f"launched with --wandb-key {SOURCE_KEY} and {JSON_KEY}"
+    result = stage_result(
+        "smoke",
+        _carrier(tmp_path),
+        night(0),
+        message=echo,
+        summary={"command": echo},
+        checks=[Check(id="echo", ok=False, message=echo, value=[FLAG_KEY, ENV_KEY])],
+    )
+    path = write_result(result, tmp_path / "smoke.json")
+    assert not _leaks(path.read_text())
+    assert "launched with --wandb-key ***" in path.read_text()
+
+
+def test_history_scrubs_secrets_of_older_results(tmp_path):
+    """A run record read from an older result still holds the recipe's values plain."""
+    record = RunRecord(
+        run_id="0" * 16,
+        recipe="carrier",
+        recipe_sha256="0" * 64,
+        date="2026-11-01T00:00:00+00:00",
+        stages={"smoke": StageSummary(status="fail", message=f"echo {SOURCE_KEY} {JSON_KEY}")},
+        recipe_values={
+            "source.args": ["train", "--wandb-key", SOURCE_KEY],
+            "args.train-env-vars": json.dumps({"WANDB_API_KEY": JSON_KEY}),
+        },
+    )
+    assert history.append(tmp_path, record)
+    assert not _leaks(_files_text(tmp_path))

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from recipeval.atomic import atomic_write_text
-from recipeval.secrets import scrub, secret_values
+from recipeval.secrets import fingerprint_secrets, scrub, secret_values
 
 Status = Literal["pass", "fail", "error", "skipped"]
 Severity = Literal["error", "warning", "info"]
@@ -133,8 +133,15 @@ def _user() -> str | None:
 
 
 def write_result(result: StageResult, path: Path) -> Path:
-    """Write atomically (temp file + rename) so a crash never leaves half a JSON behind."""
-    text = scrub(result.model_dump_json(indent=2), secret_values())
+    """Write atomically (temp file + rename) so a crash never leaves half a JSON behind. The
+    recipe's secrets leave only as fingerprints in its values, and as *** wherever else they
+    show (a check's message or value, the summary), as do the environment's."""
+    facts = dict(result.recipe_facts)
+    values = facts.get("recipe_values", {})
+    if values:
+        facts["recipe_values"] = fingerprint_secrets(values)
+    stored = result.model_copy(update={"recipe_facts": facts})
+    text = scrub(stored.model_dump_json(indent=2), secret_values(recipe=values))
     return atomic_write_text(path, text + "\n")
 
 

@@ -146,7 +146,9 @@ def append(history: Path, record: RunRecord) -> bool:
     if final.exists():
         return False
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    tmp.write_text(scrub(_stored(record).model_dump_json(indent=1), secret_values()) + "\n")
+    # Results written before their secrets were fingerprinted still hold them plain.
+    secrets = secret_values(recipe=record.recipe_values)
+    tmp.write_text(scrub(_stored(record).model_dump_json(indent=1), secrets) + "\n")
     try:
         os.link(tmp, final)
     except FileExistsError:

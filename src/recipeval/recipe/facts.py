@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from recipeval.recipe.resolve import Resolved
-from recipeval.secrets import fingerprint_secrets
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -37,6 +36,7 @@ def recipe_facts(resolved: Resolved) -> dict[str, Any]:
         "max_response_len": int(max_len)
         if isinstance(max_len, int | float) and not isinstance(max_len, bool)
         else None,
-        # Secrets (env tokens, key flags) leave the stage only as fingerprints.
-        "recipe_values": fingerprint_secrets(flatten(values)),
+        # Plain here: write_result keeps the secrets as fingerprints and scrubs them from
+        # the rest of the result, which it can only do knowing them.
+        "recipe_values": flatten(values),
     }
