@@ -6,16 +6,21 @@ given to a secret flag. None of them reaches a result, the history, `drift`, `ab
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 from conftest import PR_RECIPE, TINY_RECIPE, run_cli
 from publish_fixtures import night, stage_result
+from test_miles_record import COMMAND_UTILS
 
+from recipeval.checks.drift import drift_check
 from recipeval.publish import history
 from recipeval.publish.records import RunRecord, StageSummary
+from recipeval.recipe import load_recipe, resolve
 from recipeval.result import Check, write_result
 from recipeval.secrets import fingerprint, redact_argv, secret_values
 
+GOLDEN = Path(__file__).parent / "golden" / "miles" / "deepseek-v4-flash-4node-mi355x.json"
 SOURCE_KEY = "plainwandbkey0123456789"  # given to --wandb-key in source.args
 JSON_KEY = "plainwandbkey9999999"  # inside the train-env-vars JSON string
 ENV_KEY = "plainenvsecret4242"
@@ -145,3 +150,86 @@ def test_history_scrubs_secrets_of_older_results(tmp_path):
     )
     assert history.append(tmp_path, record)
     assert not _leaks(_files_text(tmp_path))
+
+
+# --- drift, env_check's drift check and ablate show fingerprints -------------------------
+
+
+def test_drift_shows_fingerprints_not_secrets(tmp_path):
+    recipe = _carrier(tmp_path)
+    shown = {}
+    for fmt in ("shell", "json"):
+        proc = run_cli("drift", str(recipe), "--against", str(GOLDEN), "--format", fmt)
+        assert proc.returncode == 1, proc.stderr
+        assert not _leaks(proc.stdout, proc.stderr)
+        shown[fmt] = proc.stdout
+    assert f"flag --wandb-key: only in ours ('{fingerprint(FLAG_KEY)}')" in shown["shell"]
+    assert f"env WANDB_API_KEY: only in ours ('{fingerprint(ENV_KEY)}')" in shown["shell"]
+    assert fingerprint(FLAG_KEY) in shown["json"]
+    dashed = tmp_path / "dashed.yaml"
+    dashed.write_text(f"extends: carrier.yaml\nname: dashed\nargs: {{wandb-key: '{DASH_KEY}'}}\n")
+    proc = run_cli("drift", str(dashed), "--against", str(GOLDEN))
+    assert f"flag --wandb-key: only in ours ('{fingerprint(DASH_KEY)}')" in proc.stdout
+    assert not _leaks(proc.stdout, proc.stderr)
+
+
+SCRIPT = """
+import typer
+import miles.utils.external_utils.command_utils as U
+
+app = typer.Typer()
+
+@app.command()
+def train(wandb_key: str = ""):
+    U.execute_train(f"--lr 1e-6 --wandb-key {wandb_key}", "tiny", {})
+
+@app.command()
+def other():
+    pass
+"""
+
+
+def _checkout(root: Path) -> Path:
+    """A stand-in miles checkout whose script passes its --wandb-key on to training."""
+    utils = root / "miles" / "utils" / "external_utils"
+    utils.mkdir(parents=True)
+    for package in (root / "miles", root / "miles" / "utils", utils):
+        (package / "__init__.py").write_text("")
+    (utils / "command_utils.py").write_text(COMMAND_UTILS.format(marker=root / "started"))
+    (root / "scripts").mkdir()
+    (root / "scripts" / "run_tiny.py").write_text(SCRIPT)
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "tiny"], check=True)
+    return root
+
+
+def test_env_check_drift_check_keeps_no_secret(tmp_path):
+    root = _checkout(tmp_path / "miles")
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(
+        f"extends: {_carrier(tmp_path)}\nname: tiny\n"
+        f"source: {{script: scripts/run_tiny.py, args: [train, --wandb-key, {SOURCE_KEY}]}}\n"
+    )
+    check = drift_check(resolve(load_recipe(recipe).recipe, None, None), {"MILES_DIR": str(root)})
+    assert check is not None and check.value is not None, check
+    shown = check.message + json.dumps(check.value)
+    assert not _leaks(shown)
+    changed = next(d for d in check.value["differences"] if d["name"] == "wandb-key")
+    assert (changed["expected"], changed["actual"]) == (
+        fingerprint(SOURCE_KEY),
+        fingerprint(FLAG_KEY),
+    )
+
+
+def test_ablate_shows_fingerprints_not_secrets(tmp_path):
+    after = tmp_path / "after.yaml"
+    after.write_text(
+        f"extends: {TINY_RECIPE}\nname: after\n"
+        f"env: {{WANDB_API_KEY: {ENV_KEY}}}\nargs: {{wandb-key: {FLAG_KEY}}}\n"
+    )
+    proc = run_cli("ablate", str(TINY_RECIPE), str(after))
+    assert proc.returncode == 0, proc.stderr
+    assert not _leaks(proc.stdout, proc.stderr)
+    assert f"env.WANDB_API_KEY: (unset) -> '{fingerprint(ENV_KEY)}'" in proc.stdout

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from recipeval.engines import engine_for
 from recipeval.recipe.resolve import Resolved
 from recipeval.result import Check
+from recipeval.secrets import scrub, secret_values
 
 
 def drift_check(resolved: Resolved, environ: Mapping[str, str] | None = None) -> Check | None:
@@ -23,13 +24,17 @@ def drift_check(resolved: Resolved, environ: Mapping[str, str] | None = None) ->
     if found is None:
         return None
     check_id = f"{engine.name}.drift"
+    # The recipe's own secrets can show in the text (its `source.args`, a re-recording's
+    # error); the differences' values already come as fingerprints.
+    secrets = secret_values(recipe=resolved.recipe.model_dump(mode="json"))
     if found.error is not None:
-        return Check(id=check_id, ok=False, severity="warning", key="source", message=found.error)
+        message = scrub(found.error, secrets)
+        return Check(id=check_id, ok=False, severity="warning", key="source", message=message)
     return Check(
         id=check_id,
         ok=not found.drifted,
         severity="warning",
         key="source",
-        message="\n".join(found.lines),
+        message=scrub("\n".join(found.lines), secrets),
         value={"upstream_commit": found.upstream_commit, "differences": found.differences},
     )

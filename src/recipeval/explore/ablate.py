@@ -22,6 +22,7 @@ from recipeval.explore.emit import prepare_folder, write_variant
 from recipeval.recipe import LoadedRecipe
 from recipeval.recipe.schema import Recipe, Sweep
 from recipeval.result import Check
+from recipeval.secrets import fingerprint_secret
 
 # Keys that say what a recipe is called or expects, not how it runs.
 NOT_CAUSES = ("name", "extends", "description", "sweep", "source", "expect")
@@ -259,7 +260,7 @@ def plan_lines(ablation: Ablation) -> list[str]:
     ]
     for i, group in enumerate(ablation.groups, 1):
         shown = [
-            f"{k}: {_show(ablation.changes[k][0])} -> {_show(ablation.changes[k][1])}"
+            f"{k}: {_show(k, ablation.changes[k][0])} -> {_show(k, ablation.changes[k][1])}"
             for k in group.keys
         ]
         lines.append(f"  {i:2}. {shown[0]}")
@@ -268,8 +269,9 @@ def plan_lines(ablation: Ablation) -> list[str]:
     return lines
 
 
-def _show(value: Any) -> str:
-    return "(unset)" if value is MISSING else repr(value)
+def _show(key: str, value: Any) -> str:
+    # A secret (env.HF_TOKEN, args.wandb-key) shows as its fingerprint: changed, not its value.
+    return "(unset)" if value is MISSING else repr(fingerprint_secret(key, value))
 
 
 def static_judge() -> Judge:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from recipeval.recipe.schema import STAGES
 from recipeval.result import StageResult, read_result
-from recipeval.secrets import fingerprint_secrets
+from recipeval.secrets import fingerprint_secret, fingerprint_secrets
 
 RECORD_SCHEMA = 1
 # Provenance fields "what changed" compares besides packages.
@@ -139,8 +139,8 @@ def upstream_of(drift: dict[str, Any]) -> dict[str, str]:
     out: dict[str, Any] = {"commit": str(drift.get("upstream_commit", ""))}
     for diff in drift.get("differences", []):
         name = f"{diff.get('kind', '')}.{diff.get('name', '')}"
-        upstream = fingerprint_secrets({name: diff.get("expected")})[name]
-        ours = fingerprint_secrets({name: diff.get("actual")})[name]
+        upstream = fingerprint_secret(name, diff.get("expected"))
+        ours = fingerprint_secret(name, diff.get("actual"))
         out[name] = f"{upstream!r} -> {ours!r}"
     return out
 

@@ -5,14 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from recipeval.secrets import fingerprint_secret, secret_word_positions
+
 FlagValue = bool | str | list[str]
 
 
 def parse_flags(words: list[str]) -> dict[str, FlagValue]:
     """`['python3', 'train.py', '--lr', '1e-6', '--colocate', '--x', 'a', 'b']` ->
     `{'lr': '1e-6', 'colocate': True, 'x': ['a', 'b']}`. Words before the first flag (the
-    program) are skipped; a flag given twice keeps its last value, as argparse does."""
+    program) are skipped; a flag given twice keeps its last value, as argparse does. The word
+    after a secret flag is its value whatever it starts with, as redaction reads it."""
     flags: dict[str, FlagValue] = {}
+    secret_words = secret_word_positions(words)
     current: str | None = None
     values: list[str] = []
 
@@ -21,8 +25,8 @@ def parse_flags(words: list[str]) -> dict[str, FlagValue]:
             flags.pop(current, None)
             flags[current] = True if not values else values[0] if len(values) == 1 else values
 
-    for word in words:
-        if word.startswith("--") and len(word) > 2:
+    for i, word in enumerate(words):
+        if word.startswith("--") and len(word) > 2 and i not in secret_words:
             close()
             current, values = word[2:], []
         elif current is not None:
@@ -81,12 +85,27 @@ def differences(
     out = []
     for name in dict.fromkeys([*expected, *actual]):
         if name not in actual:
-            out.append(Difference(kind, name, "removed", expected[name], None))
+            out.append(_difference(kind, name, "removed", expected[name], None))
         elif name not in expected:
-            out.append(Difference(kind, name, "added", None, actual[name]))
+            out.append(_difference(kind, name, "added", None, actual[name]))
         elif not same_value(expected[name], actual[name]):
-            out.append(Difference(kind, name, "changed", expected[name], actual[name]))
+            out.append(_difference(kind, name, "changed", expected[name], actual[name]))
     return out
+
+
+def _difference(
+    kind: Literal["flag", "env"],
+    name: str,
+    change: Literal["added", "removed", "changed"],
+    expected: FlagValue | None,
+    actual: FlagValue | None,
+) -> Difference:
+    """A difference as it is shown and stored: secret values (HF_TOKEN, --wandb-key, a JSON
+    flag holding a key) as fingerprints, which still tell a rotated secret apart."""
+    label = f"{kind}.{name}"
+    return Difference(
+        kind, name, change, fingerprint_secret(label, expected), fingerprint_secret(label, actual)
+    )
 
 
 def launch_differences(
