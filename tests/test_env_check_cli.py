@@ -81,6 +81,8 @@ def test_probe_only_prints_json():
 
 
 def test_bad_inputs_exit_2_with_one_line(tmp_path):
+    not_utf8 = tmp_path / "probe.json"
+    not_utf8.write_bytes(b'{"platform": "cpu\xff"}')
     cases = [
         (["env-check", "--static", str(tmp_path / "missing.yaml")], "missing.yaml"),
         (
@@ -102,6 +104,10 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
             "give a folder",
         ),
         (["env-check", str(TINY_RECIPE), "--probe-from", str(TINY_RECIPE)], "not JSON"),
+        (
+            ["env-check", str(TINY_RECIPE), "--probe-from", str(not_utf8)],
+            f"--probe-from {not_utf8}: not UTF-8",
+        ),
     ]
     for args, needle in cases:
         proc = run_cli(*args)

@@ -20,6 +20,8 @@ def _read_probe(path: Path) -> dict | str:
         return f"--probe-from {path}: cannot read: {err.strerror or err}"
     except json.JSONDecodeError as err:
         return f"--probe-from {path}:{err.lineno}: not JSON ({err.msg}); write it with --probe-only"
+    except UnicodeDecodeError as err:
+        return f"--probe-from {path}: not UTF-8 text (byte {err.start}); write it with --probe-only"
     if not isinstance(found, dict) or "platform" not in found or "packages" not in found:
         return (
             f"--probe-from {path}: not a probe (no platform/packages); write it with --probe-only"
