@@ -315,6 +315,38 @@ def test_cli_publish_bad_input_is_one_line(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "nope.json: no such result file" in missing.stderr
 
 
+def test_cli_publish_refuses_unusable_output_paths_before_writing(tmp_path: Path) -> None:
+    """A file where a folder goes (or a folder where a file goes) is one line naming the
+    option, exit 2, and nothing written: not even the history publish appends to first."""
+    results = write_run(tmp_path / "n0", AMD_RECIPE, night(0))
+    a_file, a_folder = tmp_path / "a_file", tmp_path / "a_folder"
+    a_file.write_text("kept\n")
+    a_folder.mkdir()
+    usable = {
+        "--tables": tmp_path / "t",
+        "--history": tmp_path / "h",
+        "--junit": tmp_path / "j.xml",
+        "--verdict": tmp_path / "v.json",
+        "--plot-dir": tmp_path / "p",
+    }
+    unusable = {
+        "--tables": a_file,
+        "--history": a_file,
+        "--plot-dir": a_file,
+        "--junit": a_folder,
+        "--verdict": a_folder,
+    }
+    for option, bad in unusable.items():
+        paths = {**usable, option: bad}
+        argv = [word for name, path in paths.items() for word in (name, str(path))]
+        proc = _cli("publish", str(results), *argv)
+        assert proc.returncode == 2, (option, proc.stderr)
+        assert proc.stderr.startswith(f"recipeval: {option} {bad}: exists and is not a ")
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+        assert not any(p.exists() for p in usable.values()), option
+    assert a_file.read_text() == "kept\n" and not any(a_folder.iterdir())
+
+
 def test_cli_publish_fail_on_regression_exit_status(tmp_path: Path) -> None:
     for n, value in enumerate([0.045, 0.046, 0.044]):
         _publish_night(tmp_path, n, logprob=value)

@@ -11,13 +11,16 @@ import sys
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from recipeval.errors import RecipeError, SettingError, UsageError
 from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK
 from recipeval.outpath import out_folder, out_json_or_folder
+
+if TYPE_CHECKING:  # publish's modules load only when it runs
+    from recipeval.publish.publisher import PublishOutputs
 
 app = typer.Typer(
     name="recipeval",
@@ -354,6 +357,25 @@ def ray_down(
     print(f"ray head in {folder}: {'stopped' if shared_head_down(folder) else 'none running'}")
 
 
+def _check_publish_outputs(outputs: PublishOutputs, plots: bool) -> None:
+    """Exit 2 naming the option when an output path cannot be written, before publish writes
+    anything: the history it appends to first would otherwise be half updated."""
+    from recipeval.outpath import output_file_problem, output_path_problem
+
+    paths = [
+        ("--tables", outputs.tables, output_path_problem),
+        ("--history", outputs.history, output_path_problem),
+        ("--junit", outputs.junit, output_file_problem),
+        ("--verdict", outputs.verdict, output_file_problem),
+    ]
+    if plots:
+        paths.append(("--plot-dir", outputs.plots, output_path_problem))
+    for option, path, problem_of in paths:
+        problem = problem_of(str(path))
+        if problem:
+            _die(f"{option} {path}: {problem}")
+
+
 @app.command()
 def publish(
     inputs: Annotated[
@@ -392,8 +414,9 @@ def publish(
     from recipeval.publish.publisher import publish as run_publish
 
     settings = RegressionSettings(min_change, alpha, min_history, short_history_band)
+    outputs = PublishOutputs(tables, history, junit, verdict, plot_dir)
+    _check_publish_outputs(outputs, plots)
     try:
-        outputs = PublishOutputs(tables, history, junit, verdict, plot_dir)
         outcome = run_publish(inputs, outputs, settings, plots)
     except PublishError as err:
         _die(str(err))

@@ -14,11 +14,10 @@ NAME_MAX = 255
 PATH_MAX = 4095
 
 
-def output_path_problem(raw: str, file_suffix: str | None = None) -> str | None:
-    """Why `raw` cannot be an output folder (or, with `file_suffix`, a file of that suffix),
-    or None when it can."""
+def _name_problem(raw: str, kind: str) -> str | None:
+    """Why `raw` cannot name any path (empty, NUL, past the limits), or None."""
     if not raw.strip():
-        return "is empty; name a folder"
+        return f"is empty; name a {kind}"
     if "\x00" in raw:
         return "contains a NUL byte"
     encoded = os.fsencode(raw)
@@ -27,18 +26,43 @@ def output_path_problem(raw: str, file_suffix: str | None = None) -> str | None:
     long_parts = [p for p in encoded.split(b"/") if len(p) > NAME_MAX]
     if long_parts:
         return f"has a name of {len(long_parts[0])} bytes; each name is limited to {NAME_MAX}"
-    path = Path(raw)
-    wants_file = file_suffix is not None and path.suffix == file_suffix
-    if path.exists() and not wants_file and not path.is_dir():
-        return "exists and is not a folder (a file or device); name a folder"
-    if wants_file and path.exists() and not path.is_file():
-        return f"exists and is not a regular {file_suffix} file"
+    return None
+
+
+def _ancestor_problem(path: Path) -> str | None:
+    """Why `path` cannot be created: its nearest existing ancestor is not a folder."""
     for ancestor in path.absolute().parents:
         if ancestor.exists():
             if not ancestor.is_dir():
                 return f"lies under {ancestor}, which is not a folder"
             break
     return None
+
+
+def output_path_problem(raw: str, file_suffix: str | None = None) -> str | None:
+    """Why `raw` cannot be an output folder (or, with `file_suffix`, a file of that suffix),
+    or None when it can."""
+    problem = _name_problem(raw, "folder")
+    if problem:
+        return problem
+    path = Path(raw)
+    wants_file = file_suffix is not None and path.suffix == file_suffix
+    if path.exists() and not wants_file and not path.is_dir():
+        return "exists and is not a folder (a file or device); name a folder"
+    if wants_file and path.exists() and not path.is_file():
+        return f"exists and is not a regular {file_suffix} file"
+    return _ancestor_problem(path)
+
+
+def output_file_problem(raw: str) -> str | None:
+    """Why `raw` cannot be an output file (written whole over what is there), or None."""
+    problem = _name_problem(raw, "file")
+    if problem:
+        return problem
+    path = Path(raw)
+    if path.exists() and not path.is_file():
+        return "exists and is not a regular file (a folder or device); name a file"
+    return _ancestor_problem(path)
 
 
 def out_folder(raw: str) -> Path:
