@@ -4,6 +4,7 @@ the single-node test Slurm (scripts/slurm/)."""
 from __future__ import annotations
 
 import pytest
+from conftest import clean_env, run_cli
 
 from recipeval.runners import default_runner_name
 from recipeval.runners.base import RunnerError
@@ -17,6 +18,16 @@ def test_default_runner_is_slurm_inside_an_allocation():
     assert default_runner_name(ALLOCATION) == "slurm"
     assert default_runner_name({}) == "local"
     assert default_runner_name({"RAY_ADDRESS": "http://127.0.0.1:8265"}) == "ray"
+
+
+@pytest.mark.parametrize("stage", ["smoke", "logprob-diff", "bench"])
+def test_runner_help_names_the_default_as_chosen(stage):
+    """The --runner help says what default_runner_name does: ray only when RAY_ADDRESS is set
+    (an installed ray alone does not pick it)."""
+    proc = run_cli(stage, "--help", env=clean_env(COLUMNS="100"))
+    assert proc.returncode == 0, proc.stderr
+    words = " ".join(proc.stdout.replace("\u2502", " ").split())
+    assert "slurm in an allocation, ray when RAY_ADDRESS is set, else local" in words
 
 
 def test_gpus_per_node_from_slurm_else_recipe():

@@ -145,7 +145,8 @@ RunnerOpt = Annotated[
     str | None,
     typer.Option(
         "--runner",
-        help="local | ray | slurm (default: slurm in an allocation, ray when installed, else local)",
+        help="local | ray | slurm (default: slurm in an allocation, ray when RAY_ADDRESS is set, "
+        "else local)",
     ),
 ]
 FromLogOpt = Annotated[
