@@ -50,6 +50,24 @@ def test_bad_recipe_gives_one_line_error_and_exit_2(cli, name):
     assert text in line, line
 
 
+def _readme_yaml_example(section: str) -> str:
+    """The first ```yaml block under the README heading `## section`."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return body.split("```yaml\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_readme_recipe_example_validates(cli, tmp_path):
+    """The README's "Writing a recipe" example, placed as it says (recipes/amd/, so its
+    `extends: ../base/...` finds the shipped base), validates as written."""
+    (tmp_path / "base").symlink_to(RECIPES / "base")
+    recipe = tmp_path / "amd" / "example.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(_readme_yaml_example("Writing a recipe"))
+    proc = cli("validate", str(recipe))
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_error_points_at_the_line_that_set_the_key(cli):
     proc = cli("validate", str(BAD / "unknown-key.yaml"))
     assert "unknown-key.yaml:4:" in proc.stderr
