@@ -168,9 +168,42 @@ CROSS_FIELD_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CROSS_FIELD_CASES))
-def test_validate_reports_what_a_stage_would_refuse(cli, tmp_path, name):
-    body, line, key, text = CROSS_FIELD_CASES[name]
+# Values no launch may carry, refused on the line that set them: a NUL byte (argv ends at it),
+# an integer past 64 bits, and a shell metacharacter in the words miles pastes into a shell
+# command unquoted (source.args). (child recipe body after its `extends` line, line, key, text)
+REFUSED_VALUE_CASES = {
+    "arg-nul": ('args: {device: "cpu\\0x"}\n', 2, "args.device", "cannot contain a NUL byte"),
+    "arg-list-nul": (
+        'stages:\n  bench:\n    args: {seed: [1, "a\\0"]}\n',
+        4,
+        "stages.bench.args.seed",
+        "cannot contain a NUL byte",
+    ),
+    "arg-huge-int": (f"args: {{num-rollout: {'9' * 100}}}\n", 2, "args.num-rollout", "64 bits"),
+    "arg-int-past-64-bits": (f"args: {{seed: {2**63}}}\n", 2, "args.seed", "64 bits"),
+    **{
+        f"source-args-{name}": (
+            f"source:\n  commit: abcdef1\n  script: run.py\n  args: [train, --lr, {word}]\n",
+            5,
+            "source.args[2]",
+            f"holds {shown}: miles pastes",
+        )
+        for name, word, shown in [
+            ("semicolon", "'1e-6; touch x'", "';'"),
+            ("substitution", "'$(id)'", "'$'"),
+            ("backtick", "'`id`'", "'`'"),
+            ("pipe-and-redirect", "'a|b>c'", "'>' '|'"),
+            ("background", "'a&'", "'&'"),
+            ("newline", '"1e-6\\nid"', "'\\n'"),
+            ("nul", '"1e-6\\0"', "'\\x00'"),
+        ]
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(CROSS_FIELD_CASES | REFUSED_VALUE_CASES))
+def test_validate_refuses_on_the_line_that_set_the_key(cli, tmp_path, name):
+    body, line, key, text = (CROSS_FIELD_CASES | REFUSED_VALUE_CASES)[name]
     recipe = tmp_path / f"{name}.yaml"
     recipe.write_text(f"extends: {RECIPES / 'local' / 'tiny-grpo-cpu.yaml'}\n{body}")
     proc = cli("validate", str(recipe))
@@ -179,6 +212,17 @@ def test_validate_reports_what_a_stage_would_refuse(cli, tmp_path, name):
     assert len(errors) == 1, proc.stderr
     assert errors[0].startswith(f"recipeval: {recipe}:{line}: {key}: "), errors[0]
     assert text in errors[0], errors[0]
+
+
+def test_values_at_the_limits_are_kept(cli, tmp_path):
+    recipe = tmp_path / "limits.yaml"
+    recipe.write_text(
+        f"extends: {RECIPES / 'local' / 'tiny-grpo-cpu.yaml'}\n"
+        f"args: {{seed: {2**63 - 1}, offset: {-(2**63)}}}\n"
+        "source: {commit: abcdef1, script: run.py, args: [train, --lr, 1e-6, --x, a=b/c:d,e]}\n"
+    )
+    proc = cli("validate", str(recipe))
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_validate_reports_every_cross_field_problem_at_once(cli, tmp_path):

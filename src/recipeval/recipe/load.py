@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from recipeval.errors import RecipeError
 from recipeval.recipe.exec_env import refused_exec_env
 from recipeval.recipe.schema import STAGES, Recipe
-from recipeval.recipe.yamlfile import KeyPath, Origin, read_yaml_mapping
+from recipeval.recipe.yamlfile import KeyPath, Origin, key_text, read_yaml_mapping
 
 # Flags that `render` derives from structured keys; setting them in `args` would let the two
 # disagree, so the loader points at the structured key instead.
@@ -286,7 +286,7 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
                 RecipeError(
                     *probe.origin(loc)[:1],
                     message,
-                    ".".join(map(str, loc)) or None,
+                    key_text(loc) or None,
                     probe.origin(loc)[1],
                 )
                 for loc, message in _messages(exc)

@@ -44,7 +44,7 @@ MIN_STEADY_STEPS = 3
 
 Scalar = str | int | float | bool
 # A flag value: scalar, list of scalars (repeated words), or null/false to drop the flag.
-ArgValue = Scalar | list[str | int | float] | None
+ArgValueShape = Scalar | list[str | int | float] | None
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
@@ -83,10 +83,46 @@ MAX_TIMEOUT_S = 30 * 86400
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
+# Integer flag values are bounded by what the trainer stack can hold (miles, Megatron and torch
+# keep counts, sizes and seeds in at most 64 bits); a longer number is a typo or a hostile file.
+MIN_ARG_INT = -(2**63)
+MAX_ARG_INT = 2**63 - 1
+# Shell metacharacters that end a command, start another or redirect one: miles pastes its
+# launch script's arguments into a shell command unquoted, so these would change what it runs.
+SHELL_METACHARACTERS = ";&|`$<>\n\x00"
+
+
+def _refuse_nul(text: str, what: str) -> None:
+    """A NUL byte cannot pass through a process's argv or environment (C strings end at it)."""
+    if "\x00" in text:
+        raise ValueError(f"{what} cannot contain a NUL byte")
+
+
 def _no_nul(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("environment values cannot contain a NUL byte")
+    _refuse_nul(value, "environment values")
     return value
+
+
+def _arg_value(value: Any) -> Any:
+    """Each word of a flag value: no NUL, and an integer within 64 bits."""
+    for word in value if isinstance(value, list) else [value]:
+        if isinstance(word, str):
+            _refuse_nul(word, "flag values")
+        elif isinstance(word, int) and not MIN_ARG_INT <= word <= MAX_ARG_INT:
+            raise ValueError("integer flag values must fit in 64 bits (-2^63 to 2^63-1)")
+    return value
+
+
+def _source_word(word: str) -> str:
+    found = sorted({c for c in word if c in SHELL_METACHARACTERS})
+    if found:
+        shown = " ".join(repr(c) for c in found)
+        raise ValueError(
+            f"holds {shown}: miles pastes the script's arguments into a shell command unquoted, "
+            "so a shell metacharacter (; & | ` $ < > newline NUL) would change what it runs; "
+            "write the argument without it"
+        )
+    return word
 
 
 def _arg_name(name: str) -> str:
@@ -100,7 +136,9 @@ EnvName = Annotated[str, Field(pattern=ENV_NAME)]
 EnvValue = Annotated[str, BeforeValidator(_env_value), AfterValidator(_no_nul)]
 EnvMap = dict[EnvName, EnvValue]
 ArgName = Annotated[str, AfterValidator(_arg_name)]
+ArgValue = Annotated[ArgValueShape, AfterValidator(_arg_value)]
 ArgMap = dict[ArgName, ArgValue]
+SourceWord = Annotated[str, AfterValidator(_source_word)]
 
 
 class Strict(BaseModel):
@@ -242,7 +280,7 @@ class Source(Strict):
     repo: str = "radixark/miles"
     commit: Annotated[str, Field(pattern=r"^[0-9a-f]{7,40}$")]
     script: str = Field(description="launch script, relative to the checkout")
-    args: list[str] = Field(default_factory=list, description="the script's arguments")
+    args: list[SourceWord] = Field(default_factory=list, description="the script's arguments")
     probed: dict[str, str] = Field(
         default_factory=dict,
         description="env var or flag -> the node probe miles decides it with (not frozen here)",

@@ -20,6 +20,18 @@ KeyPath = tuple[str | int, ...]
 Origin = tuple[Path, int]
 
 
+def key_text(path: KeyPath) -> str:
+    """A key path as an error names it: mapping keys dotted, list items indexed
+    (`source.args[2]`)."""
+    text = ""
+    for part in path:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else part
+    return text
+
+
 # Budgets: a recipe is a few KB of plain mappings. Past these, a file is hostile or broken,
 # and refusing it early keeps validate, env-check and `snakemake -n` fast and small.
 MAX_FILE_BYTES = 256 * 1024
@@ -127,7 +139,7 @@ class _Builder:
                     raise RecipeError(
                         self.file,
                         "keys must be plain names, not lists or mappings",
-                        ".".join(map(str, path)) or None,
+                        key_text(path) or None,
                         key_node.start_mark.line + 1,
                     )
                 key = self.scalar(key_node)
@@ -137,7 +149,7 @@ class _Builder:
                     raise RecipeError(
                         self.file,
                         "duplicate key (YAML would silently keep the last one)",
-                        ".".join(map(str, path + (key,))),
+                        key_text(path + (key,)),
                         key_node.start_mark.line + 1,
                     )
                 out[key] = self.build(value_node, path + (key,))
