@@ -7,10 +7,11 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import PR_RECIPE, REPO, clean_env
+from conftest import PR_RECIPE, REPO, clean_env, run_cli
 from miles_goldens import GOLDENS, RENDER_ENV, allowed, differences_from_golden, label
 
 from recipeval.engines.miles.record import Recording
@@ -169,6 +170,34 @@ def test_shell_form_passes_every_word_literally(cli, hostile_recipe, tmp_path):
     env_file = tmp_path / launch["extra"]["runtime_env_file"]
     assert json.loads(env_file.read_text()) == launch["runtime_env"]
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+
+
+def test_a_stage_writes_the_runtime_env_file_into_its_out_folder(tmp_path):
+    """`smoke --out DIR` from another working directory: the file with the job's env (secrets
+    included) goes to DIR beside the stage's results, owner-only, never to ./results."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    seen = tmp_path / "seen.json"
+    fake_ray = bindir / "ray"
+    fake_ray.write_text(
+        f"#!{sys.executable}\nimport json, os, stat, sys\n"
+        "path = next(a.split('=', 1)[1] for a in sys.argv if a.startswith('--runtime-env='))\n"
+        f"json.dump([path, stat.S_IMODE(os.stat(path).st_mode)], open({str(seen)!r}, 'w'))\n"
+    )
+    fake_ray.chmod(0o755)
+    work, out = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    env = clean_env(
+        PATH=f"{bindir}:{os.environ['PATH']}", MILES_DIR="/opt/miles", MEGATRON_PATH="/opt/mc"
+    )
+    proc = run_cli(
+        "smoke", str(PR_RECIPE), "--runner", "local", "--out", str(out), env=env, cwd=work
+    )
+    assert seen.exists(), proc.stderr
+    path, mode = json.loads(seen.read_text())
+    assert Path(path) == out / "smoke.runtime_env.json" and mode == 0o600
+    assert not Path(path).exists()  # removed once the job ended
+    assert not (work / "results").exists()
 
 
 def test_reference_recipe_shell_form_exports_env(cli, tmp_path):

@@ -4,6 +4,7 @@ place that maps a recipe's `engine` name to what that engine can do."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from recipeval.engines.base import Engine
 from recipeval.engines.launch import Launch
@@ -22,9 +23,12 @@ def engine_for(name: str) -> Engine:
         raise KeyError(f"unknown engine {name!r}; choose one of: {', '.join(ENGINES)}") from None
 
 
-def render(resolved: Resolved, environ: Mapping[str, str] | None = None) -> Launch:
-    """Render with the recipe's engine; raises SettingError for an unusable setting."""
-    return engine_for(resolved.recipe.engine).render(resolved, environ)
+def render(
+    resolved: Resolved, environ: Mapping[str, str] | None = None, out: Path | None = None
+) -> Launch:
+    """Render with the recipe's engine; files the launch reads go under `out`, the stage's
+    results folder. Raises SettingError for an unusable setting."""
+    return engine_for(resolved.recipe.engine).render(resolved, environ, out)
 
 
 __all__ = ["ENGINES", "Engine", "engine_for", "render"]

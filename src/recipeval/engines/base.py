@@ -30,7 +30,9 @@ class LogParser(Protocol):
     def malformed_count(self) -> int: ...
 
 
-Render = Callable[[Resolved, Mapping[str, str] | None], Launch]
+# (resolved, environ (None: os.environ), the stage's results folder for files the launch reads
+# (None: results/<recipe name>)) -> the launch.
+Render = Callable[[Resolved, Mapping[str, str] | None, Path | None], Launch]
 # Builds a parser for one launch's log; None: a log with no recipe at hand (parse-log).
 ParserFactory = Callable[[Resolved | None], LogParser]
 # Extra flags for a launch: the path a per-token dump goes to, or the dump to re-score.

@@ -25,7 +25,11 @@ SPEED_KNOBS: dict[str, tuple[object, ...]] = {
 }
 
 
-def render(resolved: Resolved, environ: Mapping[str, str] | None = None) -> Launch:
+def render(
+    resolved: Resolved, environ: Mapping[str, str] | None = None, out: Path | None = None
+) -> Launch:
+    """A subprocess of this Python; it reads no file of its own, so `environ` and `out` go
+    unused."""
     recipe = resolved.recipe
     argv = [
         sys.executable,

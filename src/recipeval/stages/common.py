@@ -175,7 +175,7 @@ def resolve_and_render(
     recipe = request.loaded.recipe
     try:
         resolved = resolve(recipe, request.stage, variant)
-        return resolved, render(resolved)
+        return resolved, render(resolved, out=request.out)
     except KeyError as err:
         raise RecipeError(request.loaded.path, str(err.args[0])) from None
     except SettingError as err:

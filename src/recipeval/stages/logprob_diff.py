@@ -144,7 +144,7 @@ def run_variant(
     outcome = execute(
         request,
         resolved,
-        render(resolved),
+        render(resolved, out=request.out),
         log_path,
         label=f"{STAGE} {label}{' re-score' if score_tokens else ''}",
     )

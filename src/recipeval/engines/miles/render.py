@@ -60,20 +60,21 @@ def runtime_env_vars(resolved: Resolved, environ: Mapping[str, str]) -> dict[str
     return env
 
 
-def runtime_env_path(resolved: Resolved) -> Path:
-    """Default place of the runtime env file: beside the stage's results (results/<recipe>/,
-    the stage commands' default --out), one file per stage and variant."""
+def runtime_env_path(resolved: Resolved, out: Path | None) -> Path:
+    """The runtime env file, beside the stage's results (`out`, else results/<recipe>/, the
+    stage commands' default --out), one file per stage and variant."""
+    folder = out if out is not None else Path("results") / resolved.recipe.name
     name = "-".join(p for p in (resolved.stage or "launch", resolved.variant) if p)
-    return Path("results") / resolved.recipe.name / f"{name}.runtime_env.json"
+    return folder / f"{name}.runtime_env.json"
 
 
 def render(
     resolved: Resolved,
     environ: Mapping[str, str] | None = None,
-    runtime_env_file: Path | None = None,
+    out: Path | None = None,
 ) -> Launch:
     environ = os.environ if environ is None else environ
-    runtime_env_file = runtime_env_file or runtime_env_path(resolved)
+    runtime_env_file = runtime_env_path(resolved, out)
     miles = _checkout(resolved, environ, "MILES_DIR", "miles")
     entrypoint = [
         "python3",
