@@ -233,3 +233,16 @@ def test_ablate_shows_fingerprints_not_secrets(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert not _leaks(proc.stdout, proc.stderr)
     assert f"env.WANDB_API_KEY: (unset) -> '{fingerprint(ENV_KEY)}'" in proc.stdout
+
+
+def test_drift_against_a_checkout_shows_no_secret_of_the_script_arguments(tmp_path):
+    root = _checkout(tmp_path / "miles")
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(
+        f"extends: {_carrier(tmp_path)}\nname: tiny\n"
+        f"source: {{script: scripts/run_tiny.py, args: [train, --wandb-key, {SOURCE_KEY}]}}\n"
+    )
+    for fmt in ("shell", "json"):
+        proc = run_cli("drift", str(recipe), "--miles", str(root), "--format", fmt)
+        assert proc.returncode == 1, proc.stderr
+        assert "--wandb-key" in proc.stdout and not _leaks(proc.stdout, proc.stderr)

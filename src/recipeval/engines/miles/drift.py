@@ -21,6 +21,7 @@ from recipeval.engines.miles.render import render
 from recipeval.errors import SettingError
 from recipeval.recipe import LoadedRecipe, resolve
 from recipeval.recipe.resolve import Resolved
+from recipeval.secrets import redact_argv
 
 
 @dataclass
@@ -77,7 +78,8 @@ def compare(resolved: Resolved, upstream: Recording) -> DriftReport:
         source_commit=source.commit if source else "",
         upstream_commit=upstream.commit,
         script=upstream.script,
-        args=list(upstream.args),
+        # The script's arguments may hold a secret flag's value (`--wandb-key K`).
+        args=redact_argv(list(upstream.args)),
         differences=kept,
         ignored=sorted(probed),
     )
