@@ -326,3 +326,14 @@ def test_change_window_narrows_with_the_size_of_the_shift() -> None:
     small = noise + 2.0 * after  # two noise sds: not placed to the night
     first, last = change_window(small, [20], 20, 1.0)
     assert first <= 20 <= last and last > first
+
+
+def test_a_split_left_among_quiet_nights_is_dropped() -> None:
+    # Binary segmentation splits first at night 11, where three slowish nights and the shift
+    # together make a change; once the shift at night 15 has its own split, the one at 11
+    # separates quiet nights only and must not be reported as the change's night.
+    history = [168.74, 166.88, 167.24, 167.65, 166.67, 166.99, 166.7, 167.01, 167.99, 166.93]
+    history += [166.9, 169.78, 168.51, 169.52, 167.34, 175.6]
+    assert change_points([*history, 175.29]) == [15]
+    verdict = judge(STEP, history, 175.29)
+    assert verdict.kind == "regression" and verdict.change_index == 15

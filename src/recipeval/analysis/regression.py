@@ -1,7 +1,8 @@
 """Regression detection over a metric's nightly history: change points, not one night's outlier.
 
 The judged series is the history since the last acknowledgement (oldest first) plus tonight's
-value. It is split at its change points by binary segmentation; the level before the first
+value. It is split at its change points by binary segmentation, and a point with no
+significant split left between its neighbours is dropped; the level before the first
 change point is the baseline, the level after the last one is the current level, and a change
 is reported, with the night where it started, on every night until someone acknowledges it
 (publish.history: a shift is never absorbed into the baseline by waiting).
@@ -312,7 +313,36 @@ def _segmentation(
     if rough:
         sigma = noise_scale(x, _refine(x, sorted(rough)))
     found, first_p, first_z = _binary_segmentation(x, sigma, settings, alpha, len(rough))
-    return (_refine(x, sorted(found)) if found else []), first_p, first_z, sigma
+    points = _prune(x, _refine(x, sorted(found)), sigma, settings, alpha, len(rough))
+    return points, first_p, first_z, sigma
+
+
+def _prune(
+    x: np.ndarray,
+    points: list[int],
+    sigma: float,
+    settings: RegressionSettings,
+    alpha: float,
+    known: int,
+) -> list[int]:
+    """`points` less those with no significant split between their neighbours, the weakest
+    first. Binary segmentation's first split can land among the nights before a shift while
+    the shift's own nights make it significant; once the shift has its own point, the
+    first one is left in quiet nights, and "what changed" would name its night."""
+    n = len(x)
+    df = max(1.0, 0.9 * (n - known - 1))
+    out = list(points)
+    while out:
+        p = [
+            _best_split(x, *_neighbours(out, i, n), n, sigma, df, settings)[1]
+            for i in range(len(out))
+        ]
+        weakest = int(np.argmax(p))
+        if p[weakest] < alpha:
+            return out
+        del out[weakest]
+        out = _refine(x, out)
+    return out
 
 
 def _binary_segmentation(
