@@ -3,11 +3,12 @@ same path `recipeval publish` takes (publish.compare.judge_run over run records:
 metrics a recipe, one max-statistic over them, change points, what changed).
 
     python benchmarks/regression_false_alarms.py [--trials 300] [--seed 0]
-        [--family tuned|held-out|unseen|all] [--noise gauss] [--history 15 30]
+        [--family tuned|held-out|unseen|fresh|all] [--noise gauss] [--history 15 30]
 
 Generators: benchmarks/nightly_generators.py (a tuned family, a held-out one and an unseen
 one; the four metrics of a recipe drawn as a run produces them: train and rollout times, their
-sum the cycle time, tokens/s its inverse). Per noise model, rows:
+sum the cycle time, tokens/s its inverse; a fourth, fresh family of night-to-night correlated
+noise and frequent slow nights). Per noise model, rows:
 
 - quiet, cv 2 %: 30 nights at a constant level; every second night from the 5th on is judged,
   and one is a false alarm when the recipe is "regressed" (target <= 1 % of quiet
@@ -35,7 +36,16 @@ import argparse
 import time
 
 import numpy as np
-from nightly_generators import HELD_OUT, METRICS, TUNED, UNSEEN, Noise, Scenario, history
+from nightly_generators import (
+    FRESH,
+    HELD_OUT,
+    METRICS,
+    TUNED,
+    UNSEEN,
+    Noise,
+    Scenario,
+    history,
+)
 from scipy import stats
 
 from recipeval.analysis.regression import (
@@ -145,7 +155,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--family", choices=("tuned", "held-out", "unseen", "all"), default="all")
+    parser.add_argument(
+        "--family", choices=("tuned", "held-out", "unseen", "fresh", "all"), default="all"
+    )
     parser.add_argument(
         "--history",
         type=int,
@@ -176,7 +188,12 @@ def main() -> None:
         return
     print(f"settings: {settings}; {args.trials} recipes (4 metrics each) per row")
     started = time.perf_counter()
-    for family, models in (("tuned", TUNED), ("held-out", HELD_OUT), ("unseen", UNSEEN)):
+    for family, models in (
+        ("tuned", TUNED),
+        ("held-out", HELD_OUT),
+        ("unseen", UNSEEN),
+        ("fresh", FRESH),
+    ):
         if args.family not in (family, "all"):
             continue
         for name, noise in models.items():
