@@ -358,3 +358,24 @@ def test_shell_text_that_never_ends_is_stopped(checkout, monkeypatch):
             ["train", "--lr", "$(while :; do :; done)"],
             commit="abc1234",
         )
+
+
+def test_import_refuses_a_script_argument_a_recipe_would_refuse(cli, checkout, tmp_path):
+    root, marker = checkout
+    out = tmp_path / "tiny.yaml"
+    proc = cli(
+        "import",
+        "miles",
+        "scripts/run_tiny.py",
+        "--miles",
+        str(root),
+        "--out",
+        str(out),
+        "--",
+        "train",
+        "--lr",
+        "1e-6;x",
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "argument 3 '1e-6;x' holds ';'" in proc.stderr
+    assert not out.exists() and not marker.exists()

@@ -113,7 +113,9 @@ def _arg_value(value: Any) -> Any:
     return value
 
 
-def _source_word(word: str) -> str:
+def source_word(word: str) -> str:
+    """`word`, a miles launch script's argument, when no shell metacharacter is in it; else
+    ValueError saying why."""
     found = sorted({c for c in word if c in SHELL_METACHARACTERS})
     if found:
         shown = " ".join(repr(c) for c in found)
@@ -138,7 +140,7 @@ EnvMap = dict[EnvName, EnvValue]
 ArgName = Annotated[str, AfterValidator(_arg_name)]
 ArgValue = Annotated[ArgValueShape, AfterValidator(_arg_value)]
 ArgMap = dict[ArgName, ArgValue]
-SourceWord = Annotated[str, AfterValidator(_source_word)]
+SourceWord = Annotated[str, AfterValidator(source_word)]
 
 
 class Strict(BaseModel):

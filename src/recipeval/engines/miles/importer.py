@@ -270,9 +270,16 @@ def import_recipe(request: ImportRequest) -> ImportResult:
     from recipeval.engines.miles.drift import compare
     from recipeval.recipe import load_recipe, resolve
     from recipeval.recipe.load import merged_mapping
+    from recipeval.recipe.schema import source_word
 
     checkout = request.checkout.resolve()
     script = _script_in_checkout(request.script, checkout)
+    # The arguments become the recipe's source.args: refused here as a recipe would refuse them.
+    for i, word in enumerate(request.args):
+        try:
+            source_word(word)
+        except ValueError as err:
+            raise ImportProblem(f"{script}: argument {i + 1} {word!r} {err}") from None
     rec = record_launch(checkout, script, request.args)
     name = request.name or (request.out.stem if request.out else _default_name(rec))
     platform = request.platform or ("rocm" if "amd" in Path(script).parts else "cuda")
