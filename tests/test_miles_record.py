@@ -64,9 +64,9 @@ def other():
 """
 
 
-@pytest.fixture
-def checkout(tmp_path: Path) -> tuple[Path, Path]:
-    root, marker = tmp_path / "miles", tmp_path / "started"
+def write_checkout(root: Path, script: str, marker: Path) -> Path:
+    """A stand-in miles checkout at `root` whose scripts/run_tiny.py is `script`; the recorder
+    must never create `marker`."""
     utils = root / "miles" / "utils" / "external_utils"
     utils.mkdir(parents=True)
     for package in (root / "miles", root / "miles" / "utils", utils):
@@ -77,8 +77,14 @@ def checkout(tmp_path: Path) -> tuple[Path, Path]:
     (root / "scripts" / "models" / "tiny.sh").write_text(
         "MODEL_ARGS=(--num-layers 2 --hidden-size 64 --num-attention-heads 4)\n"
     )
-    (root / "scripts" / "run_tiny.py").write_text(SCRIPT.format(marker=marker))
-    return root, marker
+    (root / "scripts" / "run_tiny.py").write_text(script)
+    return root
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> tuple[Path, Path]:
+    marker = tmp_path / "started"
+    return write_checkout(tmp_path / "miles", SCRIPT.format(marker=marker), marker), marker
 
 
 def test_the_script_builds_its_launch_and_nothing_starts(checkout):

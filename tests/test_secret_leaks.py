@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import PR_RECIPE, TINY_RECIPE, run_cli
 from publish_fixtures import night, stage_result
-from test_miles_record import COMMAND_UTILS
+from test_miles_record import write_checkout
 
 from recipeval.checks.drift import drift_check
 from recipeval.publish import history
@@ -191,13 +191,7 @@ def other():
 
 def _checkout(root: Path) -> Path:
     """A stand-in miles checkout whose script passes its --wandb-key on to training."""
-    utils = root / "miles" / "utils" / "external_utils"
-    utils.mkdir(parents=True)
-    for package in (root / "miles", root / "miles" / "utils", utils):
-        (package / "__init__.py").write_text("")
-    (utils / "command_utils.py").write_text(COMMAND_UTILS.format(marker=root / "started"))
-    (root / "scripts").mkdir()
-    (root / "scripts" / "run_tiny.py").write_text(SCRIPT)
+    write_checkout(root, SCRIPT, root / "started")
     git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
@@ -205,13 +199,18 @@ def _checkout(root: Path) -> Path:
     return root
 
 
-def test_env_check_drift_check_keeps_no_secret(tmp_path):
-    root = _checkout(tmp_path / "miles")
-    recipe = tmp_path / "tiny.yaml"
+def _source_recipe(folder: Path) -> Path:
+    """The carrier recipe launched by the stand-in's script, a key given to --wandb-key."""
+    recipe = folder / "tiny.yaml"
     recipe.write_text(
-        f"extends: {_carrier(tmp_path)}\nname: tiny\n"
+        f"extends: {_carrier(folder)}\nname: tiny\n"
         f"source: {{script: scripts/run_tiny.py, args: [train, --wandb-key, {SOURCE_KEY}]}}\n"
     )
+    return recipe
+
+
+def test_env_check_drift_check_keeps_no_secret(tmp_path):
+    root, recipe = _checkout(tmp_path / "miles"), _source_recipe(tmp_path)
     check = drift_check(resolve(load_recipe(recipe).recipe, None, None), {"MILES_DIR": str(root)})
     assert check is not None and check.value is not None, check
     shown = check.message + json.dumps(check.value)
@@ -236,12 +235,7 @@ def test_ablate_shows_fingerprints_not_secrets(tmp_path):
 
 
 def test_drift_against_a_checkout_shows_no_secret_of_the_script_arguments(tmp_path):
-    root = _checkout(tmp_path / "miles")
-    recipe = tmp_path / "tiny.yaml"
-    recipe.write_text(
-        f"extends: {_carrier(tmp_path)}\nname: tiny\n"
-        f"source: {{script: scripts/run_tiny.py, args: [train, --wandb-key, {SOURCE_KEY}]}}\n"
-    )
+    root, recipe = _checkout(tmp_path / "miles"), _source_recipe(tmp_path)
     for fmt in ("shell", "json"):
         proc = run_cli("drift", str(recipe), "--miles", str(root), "--format", fmt)
         assert proc.returncode == 1, proc.stderr
