@@ -6,7 +6,7 @@ throughput is a fixed number of tokens per cycle over the cycle time. So the cyc
 with both parts and tokens/s mirrors the cycle time, as on a real cluster (before, the four
 metrics were drawn independently, which no run produces).
 
-Four families. The tuned family is what the detector's constants were chosen on; the held-out
+Five families. The tuned family is what the detector's constants were chosen on; the held-out
 family was written after them and never used to change them; the unseen family was written
 before the max-statistic over metrics was measured and was never looked at while tuning it;
 the fresh family was written last.
@@ -23,6 +23,10 @@ the fresh family was written last.
   nights moved" gate, was not adopted): Gaussian noise correlated from night to night (AR(1),
   phi 0.3: a slow week on a shared cluster); and Gaussian noise with about one night in 12
   slower by +2 to +4 noise sd on both parts (frequent, moderately slow nights).
+- last (written at the start of the round after fresh, before anything was
+  measured on it; nothing was chosen on it): three hosts of different speed (-1, 0, +1.5 noise
+  sd), a random one each night, with Gaussian noise of half that sd on top (multimodal nights);
+  and a Pareto (Lomax, shape 4.5) right tail, skewness about 5.5 (rare, very slow nights).
 
 Levels: train and rollout each ~ U(20, 500) s; tokens per cycle ~ U(1e5, 1e6). A shift
 multiplies the train time from its night on; a drift multiplies night j after its start by
@@ -98,10 +102,24 @@ def slow_nights(rng: np.random.Generator, n: int) -> np.ndarray:
     return (x - 0.08 * 3.0) / np.sqrt(1 + 0.08 * 0.92 * 9 + 0.08 * 4 / 12)
 
 
+def three_hosts(rng: np.random.Generator, n: int) -> np.ndarray:
+    offsets = np.array([-1.0, 0.0, 1.5])
+    x = offsets[rng.integers(0, 3, n)] + 0.5 * rng.standard_normal((2, n))
+    # The offsets have mean 1/6 and variance 13/12 - 1/36; the noise adds 1/4.
+    return (x - 1 / 6) / np.sqrt(13 / 12 - 1 / 36 + 0.25)
+
+
+def pareto(rng: np.random.Generator, n: int) -> np.ndarray:
+    shape = 4.5
+    mean, var = 1 / (shape - 1), shape / ((shape - 1) ** 2 * (shape - 2))
+    return (rng.pareto(shape, (2, n)) - mean) / np.sqrt(var)
+
+
 TUNED: dict[str, Noise] = {"gauss": gauss, "t3": student_t3}
 HELD_OUT: dict[str, Noise] = {"laplace": laplace, "skewed": skewed, "slow-node": slow_node}
 UNSEEN: dict[str, Noise] = {"gamma": gamma, "bursts": bursts}
 FRESH: dict[str, Noise] = {"correlated": correlated, "slow-nights": slow_nights}
+LAST: dict[str, Noise] = {"three-hosts": three_hosts, "pareto": pareto}
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,13 @@ same path `recipeval publish` takes (publish.compare.judge_run over run records:
 metrics a recipe, one max-statistic over them, change points, what changed).
 
     python benchmarks/regression_false_alarms.py [--trials 300] [--seed 0]
-        [--family tuned|held-out|unseen|fresh|all] [--noise gauss] [--history 15 30]
+        [--family tuned|held-out|unseen|fresh|last|all] [--noise gauss] [--history 15 30]
 
 Generators: benchmarks/nightly_generators.py (a tuned family, a held-out one and an unseen
 one; the four metrics of a recipe drawn as a run produces them: train and rollout times, their
 sum the cycle time, tokens/s its inverse; a fourth, fresh family of night-to-night correlated
-noise and frequent slow nights). Per noise model, rows:
+noise and frequent slow nights; a fifth, last family of multimodal hosts and a Pareto tail).
+Per noise model, rows:
 
 - quiet, cv 2 %: 30 nights at a constant level; every second night from the 5th on is judged,
   and one is a false alarm when the recipe is "regressed" (target <= 1 % of quiet
@@ -39,6 +40,7 @@ import numpy as np
 from nightly_generators import (
     FRESH,
     HELD_OUT,
+    LAST,
     METRICS,
     TUNED,
     UNSEEN,
@@ -156,7 +158,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--family", choices=("tuned", "held-out", "unseen", "fresh", "all"), default="all"
+        "--family", choices=("tuned", "held-out", "unseen", "fresh", "last", "all"), default="all"
     )
     parser.add_argument(
         "--history",
@@ -193,6 +195,7 @@ def main() -> None:
         ("held-out", HELD_OUT),
         ("unseen", UNSEEN),
         ("fresh", FRESH),
+        ("last", LAST),
     ):
         if args.family not in (family, "all"):
             continue
