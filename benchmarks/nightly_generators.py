@@ -120,6 +120,13 @@ HELD_OUT: dict[str, Noise] = {"laplace": laplace, "skewed": skewed, "slow-node":
 UNSEEN: dict[str, Noise] = {"gamma": gamma, "bursts": bursts}
 FRESH: dict[str, Noise] = {"correlated": correlated, "slow-nights": slow_nights}
 LAST: dict[str, Noise] = {"three-hosts": three_hosts, "pareto": pareto}
+FAMILIES: dict[str, dict[str, Noise]] = {
+    "tuned": TUNED,
+    "held-out": HELD_OUT,
+    "unseen": UNSEEN,
+    "fresh": FRESH,
+    "last": LAST,
+}
 
 
 @dataclass(frozen=True)

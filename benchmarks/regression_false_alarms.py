@@ -38,12 +38,8 @@ import time
 
 import numpy as np
 from nightly_generators import (
-    FRESH,
-    HELD_OUT,
-    LAST,
+    FAMILIES,
     METRICS,
-    TUNED,
-    UNSEEN,
     Noise,
     Scenario,
     history,
@@ -143,7 +139,7 @@ def oracle_catch_rate(
     signs = np.array([-1.0 if higher_is_better(m) else 1.0 for m in METRICS])
     for _ in range(trials):
         scenario = Scenario(quiet_nights + 3, cv=0.02, start=quiet_nights, shift=0.06)
-        x = history(rng, scenario, TUNED["gauss"]) * signs[:, None]
+        x = history(rng, scenario, FAMILIES["tuned"]["gauss"]) * signs[:, None]
         before, after = x[:, :quiet_nights], x[:, quiet_nights:]
         t, _ = stats.ttest_ind(after, before, axis=1)
         p = stats.t.sf(t, quiet_nights + 1)
@@ -157,9 +153,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--family", choices=("tuned", "held-out", "unseen", "fresh", "last", "all"), default="all"
-    )
+    parser.add_argument("--family", choices=(*FAMILIES, "all"), default="all")
     parser.add_argument(
         "--history",
         type=int,
@@ -190,13 +184,7 @@ def main() -> None:
         return
     print(f"settings: {settings}; {args.trials} recipes (4 metrics each) per row")
     started = time.perf_counter()
-    for family, models in (
-        ("tuned", TUNED),
-        ("held-out", HELD_OUT),
-        ("unseen", UNSEEN),
-        ("fresh", FRESH),
-        ("last", LAST),
-    ):
+    for family, models in FAMILIES.items():
         if args.family not in (family, "all"):
             continue
         for name, noise in models.items():
