@@ -4,6 +4,7 @@ metrics a recipe, one max-statistic over them, change points, what changed).
 
     python benchmarks/regression_false_alarms.py [--trials 300] [--seed 0]
         [--family tuned|held-out|unseen|fresh|last|all] [--noise gauss] [--history 15 30]
+        [--alpha 0.01]
 
 Generators: benchmarks/nightly_generators.py (a tuned family, a held-out one and an unseen
 one; the four metrics of a recipe drawn as a run produces them: train and rollout times, their
@@ -162,7 +163,16 @@ def main() -> None:
         help="quiet nights before a shift or drift (default 15 30)",
     )
     parser.add_argument(
-        "--noise", help="only this noise model (e.g. gauss); default all of the family"
+        "--noise",
+        choices=sorted({name for models in FAMILIES.values() for name in models}),
+        help="only this noise model; default all of the family",
+    )
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=RegressionSettings.alpha,
+        help="false alarms per recipe and night, as `regression.alpha` in the config "
+        "(default %(default)s)",
     )
     parser.add_argument(
         "--oracle",
@@ -170,8 +180,15 @@ def main() -> None:
         help="only the bound: the +6 %% / 2 %% shift caught when its night is known",
     )
     args = parser.parse_args()
+    if not 0 < args.alpha < 1:
+        parser.error(f"--alpha {args.alpha}: must lie between 0 and 1")
+    if args.noise and args.family != "all" and args.noise not in FAMILIES[args.family]:
+        parser.error(
+            f"--noise {args.noise} is not in the {args.family} family "
+            f"({', '.join(FAMILIES[args.family])}); drop --family or name its family"
+        )
     rng = np.random.default_rng(args.seed)
-    settings = RegressionSettings()
+    settings = RegressionSettings(alpha=args.alpha)
     if args.oracle:
         for level, name in ((settings.alpha / 2, "alpha / 2"), (settings.alpha, "alpha")):
             for quiet_nights in (15, 30, 45, 60):
