@@ -171,8 +171,8 @@ def main() -> None:
         "--alpha",
         type=float,
         default=RegressionSettings.alpha,
-        help="false alarms per recipe and night, as `regression.alpha` in the config "
-        "(default %(default)s)",
+        help="false alarms per recipe and night, as `recipeval publish --alpha` (publish.alpha "
+        "in the config; default %(default)s)",
     )
     parser.add_argument(
         "--oracle",
