@@ -347,6 +347,27 @@ def test_cli_publish_refuses_unusable_output_paths_before_writing(tmp_path: Path
     assert a_file.read_text() == "kept\n" and not any(a_folder.iterdir())
 
 
+def test_cli_publish_refuses_out_of_range_regression_settings(tmp_path: Path) -> None:
+    """The config schema's bounds hold on the command line too: alpha 2 would call every night
+    a change. One line naming the option, exit 2, nothing written."""
+    results = write_run(tmp_path / "n0", AMD_RECIPE, night(0))
+    outputs = {"--history": tmp_path / "h", "--verdict": tmp_path / "v.json"}
+    argv = [word for name, path in outputs.items() for word in (name, str(path))]
+    for option, value in [
+        ("--alpha", "2"),
+        ("--alpha", "0"),
+        ("--alpha", "nan"),
+        ("--min-change", "-0.1"),
+        ("--min-history", "1"),
+        ("--short-history-band", "-1"),
+    ]:
+        proc = _cli("publish", str(results), *argv, option, value, "--no-plots")
+        assert proc.returncode == 2, (option, value, proc.stderr)
+        assert proc.stderr.startswith(f"recipeval: {option} {value}: must be ")
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+        assert not any(p.exists() for p in outputs.values())
+
+
 def test_cli_publish_fail_on_regression_exit_status(tmp_path: Path) -> None:
     for n, value in enumerate([0.045, 0.046, 0.044]):
         _publish_night(tmp_path, n, logprob=value)
