@@ -126,6 +126,14 @@ def test_bad_arg_is_refused_before_exploring(cli, arg, message):
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
+@pytest.mark.parametrize("gpus", ["0", "-8"])
+def test_a_gpu_count_under_one_is_refused(cli, gpus):
+    """--gpus 0 is a bad count, not "the recipe's own" (which --gpus left out means)."""
+    proc = cli("layouts", str(AMD), "--gpus", gpus)
+    assert proc.returncode == 2 and f"--gpus {gpus}: give a positive GPU count" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
 def test_env_check_fails_rollout_engines_that_do_not_tile_the_gpus(cli, tmp_path):
     recipe = tmp_path / "engines-of-3.yaml"
     recipe.write_text(

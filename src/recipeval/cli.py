@@ -669,7 +669,7 @@ def layouts(
             explored = with_args(loaded, changes)
             found = explore(
                 explored,
-                gpus or loaded.recipe.world_size,
+                loaded.recipe.world_size if gpus is None else gpus,
                 nodes,
                 measurements(runs, loaded.recipe),
             )
