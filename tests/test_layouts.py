@@ -126,11 +126,19 @@ def test_bad_arg_is_refused_before_exploring(cli, arg, message):
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
-@pytest.mark.parametrize("gpus", ["0", "-8"])
-def test_a_gpu_count_under_one_is_refused(cli, gpus):
-    """--gpus 0 is a bad count, not "the recipe's own" (which --gpus left out means)."""
-    proc = cli("layouts", str(AMD), "--gpus", gpus)
-    assert proc.returncode == 2 and f"--gpus {gpus}: give a positive GPU count" in proc.stderr
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpus", "0"], "--gpus 0: give a positive GPU count"),
+        (["--gpus", "-8"], "--gpus -8: give a positive GPU count"),
+        (["--nodes", "0"], "--nodes 0: give a positive node count"),
+        (["--nodes", "-2"], "--nodes -2: give a positive node count"),
+    ],
+)
+def test_a_count_under_one_is_refused(cli, argv, message):
+    """0 is a bad count, not "the recipe's own" (which the option left out means)."""
+    proc = cli("layouts", str(AMD), *argv)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 

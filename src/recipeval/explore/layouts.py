@@ -306,8 +306,10 @@ def explore(
     recipe = loaded.recipe
     if gpus < 1:
         raise LayoutError(f"--gpus {gpus}: give a positive GPU count")
-    per_node = recipe.cluster.gpus_per_node or gpus
-    nodes = nodes or max(gpus // per_node, 1)
+    if nodes is not None and nodes < 1:
+        raise LayoutError(f"--nodes {nodes}: give a positive node count")
+    if nodes is None:
+        nodes = max(gpus // (recipe.cluster.gpus_per_node or gpus), 1)
     if gpus % nodes:
         raise LayoutError(f"--gpus {gpus} does not split over --nodes {nodes}")
     per_node = gpus // nodes
