@@ -49,6 +49,7 @@ from scipy import stats
 
 from recipeval.analysis.regression import (
     RegressionSettings,
+    SettingError,
     higher_is_better,
     max_statistic_levels,
     metric_correlation,
@@ -180,15 +181,16 @@ def main() -> None:
         help="only the bound: the +6 %% / 2 %% shift caught when its night is known",
     )
     args = parser.parse_args()
-    if not 0 < args.alpha < 1:
-        parser.error(f"--alpha {args.alpha}: must lie between 0 and 1")
+    try:
+        settings = RegressionSettings(alpha=args.alpha)
+    except SettingError as err:
+        parser.error(f"--alpha {err.value:g}: must be {err.expected}")
     if args.noise and args.family != "all" and args.noise not in FAMILIES[args.family]:
         parser.error(
             f"--noise {args.noise} is not in the {args.family} family "
             f"({', '.join(FAMILIES[args.family])}); drop --family or name its family"
         )
     rng = np.random.default_rng(args.seed)
-    settings = RegressionSettings(alpha=args.alpha)
     if args.oracle:
         for level, name in ((settings.alpha / 2, "alpha / 2"), (settings.alpha, "alpha")):
             for quiet_nights in (15, 30, 45, 60):

@@ -13,6 +13,7 @@ from publish_fixtures import AMD_RECIPE, night, write_run
 
 from recipeval.analysis.regression import (
     RegressionSettings,
+    SettingError,
     change_points,
     change_window,
     higher_is_better,
@@ -337,3 +338,23 @@ def test_a_split_left_among_quiet_nights_is_dropped() -> None:
     assert change_points([*history, 175.29]) == [15]
     verdict = judge(STEP, history, 175.29)
     assert verdict.kind == "regression" and verdict.change_index == 15
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("alpha", 1.0),
+        ("alpha", float("nan")),
+        ("min_change", 1.5),
+        ("min_history", 1),
+        ("short_history_band", -0.1),
+        ("min_segment", 0),
+    ],
+)
+def test_settings_out_of_range_are_refused_naming_the_field(field: str, value: float) -> None:
+    """Every front end (publish's options, the benchmark's --alpha) relies on the settings
+    type refusing what the detector cannot work with."""
+    with pytest.raises(SettingError) as caught:
+        RegressionSettings(**{field: value})
+    assert caught.value.name == field
+    assert str(caught.value).startswith(f"{field} {value:g}: must be ")

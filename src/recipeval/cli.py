@@ -377,23 +377,6 @@ def _check_publish_outputs(outputs: PublishOutputs, plots: bool) -> None:
             _die(f"{option} {path}: {problem}")
 
 
-def _check_regression_options(
-    min_change: float, alpha: float, min_history: int, short_history_band: float
-) -> None:
-    """Exit 2 naming the option when a regression setting is out of range (the bounds of
-    publish.* in config/config.schema.yaml), before publish writes anything: alpha 2 would
-    call every night a change."""
-    checks = [
-        ("--min-change", min_change, 0 <= min_change <= 1, "between 0 and 1"),
-        ("--alpha", alpha, 0 < alpha < 1, "strictly between 0 and 1 (e.g. 0.01)"),
-        ("--min-history", min_history, min_history >= 2, "at least 2"),
-        ("--short-history-band", short_history_band, short_history_band >= 0, "0 or more"),
-    ]
-    for option, value, ok, expected in checks:
-        if not ok:
-            _die(f"{option} {value:g}: must be {expected}")
-
-
 @app.command()
 def publish(
     inputs: Annotated[
@@ -427,12 +410,15 @@ def publish(
     ] = None,
 ) -> None:
     """Tables, plots, history, regression verdict and JUnit XML from stage results."""
-    from recipeval.analysis.regression import RegressionSettings
+    from recipeval.analysis.regression import RegressionSettings, SettingError
     from recipeval.publish.publisher import PublishError, PublishOutputs, summary_lines
     from recipeval.publish.publisher import publish as run_publish
 
-    _check_regression_options(min_change, alpha, min_history, short_history_band)
-    settings = RegressionSettings(min_change, alpha, min_history, short_history_band)
+    try:
+        settings = RegressionSettings(min_change, alpha, min_history, short_history_band)
+    except SettingError as err:
+        # Before anything is written; the bounds are publish.* in config/config.schema.yaml.
+        _die(f"--{err.name.replace('_', '-')} {err.value:g}: must be {err.expected}")
     outputs = PublishOutputs(tables, history, junit, verdict, plot_dir)
     _check_publish_outputs(outputs, plots)
     try:

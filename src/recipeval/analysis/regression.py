@@ -124,6 +124,17 @@ CHANGE_WINDOW_LEVEL = 0.05
 _CHANGE_WINDOW_RSS = -2 * math.log(CHANGE_WINDOW_LEVEL / 2)
 
 
+class SettingError(ValueError):
+    """A regression setting out of range; `name` is the RegressionSettings field, so each
+    front end (command line, config, benchmark) can name it in its own terms."""
+
+    def __init__(self, name: str, value: float, expected: str) -> None:
+        super().__init__(f"{name} {value:g}: must be {expected}")
+        self.name = name
+        self.value = value
+        self.expected = expected
+
+
 @dataclass(frozen=True)
 class RegressionSettings:
     min_change: float = 0.05  # practical significance: clear changes under it are "small"
@@ -131,6 +142,19 @@ class RegressionSettings:
     min_history: int = 3
     short_history_band: float = 0.20
     min_segment: int = 2  # shortest segment inside the history (the newest nights may be fewer)
+
+    def __post_init__(self) -> None:
+        # Written so NaN fails every bound; alpha 2 would call every night a change.
+        bounds = (
+            ("min_change", 0 <= self.min_change <= 1, "between 0 and 1"),
+            ("alpha", 0 < self.alpha < 1, "strictly between 0 and 1 (e.g. 0.01)"),
+            ("min_history", self.min_history >= 2, "at least 2"),
+            ("short_history_band", self.short_history_band >= 0, "0 or more"),
+            ("min_segment", self.min_segment >= 1, "at least 1"),
+        )
+        for name, ok, expected in bounds:
+            if not ok:
+                raise SettingError(name, getattr(self, name), expected)
 
 
 @dataclass(frozen=True)
