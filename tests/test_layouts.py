@@ -159,6 +159,25 @@ def test_env_check_fails_rollout_engines_that_do_not_tile_the_gpus(cli, tmp_path
     assert f"{recipe}:3" in check.message
 
 
+@pytest.mark.parametrize("count", [0, -8])
+def test_env_check_fails_a_non_colocated_recipe_without_rollout_gpus(cli, tmp_path, count):
+    """Not colocated, miles' placement group holds the trainer's GPUs plus rollout-num-gpus:
+    with none, no engine starts. It used to be read as unset and tiled the whole cluster."""
+    recipe = tmp_path / "no-rollout-gpus.yaml"
+    recipe.write_text(
+        f"name: no-rollout-gpus\nextends: {AMD}\n"
+        f"args: {{colocate: false, rollout-num-gpus: {count}}}\n"
+    )
+    proc = cli("env-check", "--recipe", str(recipe), "--static", "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (check,) = [
+        c for c in read_result(tmp_path / "r.json").checks if c.id == "rollout.engine-tiling"
+    ]
+    assert not check.ok and check.key == "args.rollout-num-gpus"
+    assert f"rollout-num-gpus {count}: without colocate" in check.message
+    assert f"{recipe}:3" in check.message
+
+
 def test_emitted_layouts_change_only_the_parallel_flags(amd_32, tmp_path):
     loaded, found = amd_32
     (path,) = emit_layouts(found, loaded, tmp_path / "emit", top=1)

@@ -145,6 +145,24 @@ def rollout_engine_checks(subject: Subject) -> list[Check]:
         return []
     per_node = r.cluster.gpus_per_node
     own = None if subject.flag_on("colocate") else subject.int_arg("rollout-num-gpus")
+    if own is not None and own < 1:
+        if own == 0 and subject.flag_on("rollout-external-engine-addrs"):
+            return []  # the engines run outside this cluster: nothing here to tile
+        # miles' placement group then holds the trainer's GPUs only, so no engine starts.
+        why = (
+            f"rollout-num-gpus {own}: without colocate or rollout-external-engine-addrs miles "
+            "starts no rollout engine; set it to the GPUs the engines get, or colocate"
+        )
+        return [
+            subject.check(
+                "rollout.engine-tiling",
+                False,
+                why,
+                key=subject.arg_key("rollout-num-gpus"),
+                value=own,
+                threshold=engine,
+            )
+        ]
     gpus = own or r.world_size
     where = f"{gpus} rollout GPUs" if own else f"{r.cluster.nodes} nodes x {per_node} GPUs"
     key = subject.arg_key("rollout-num-gpus-per-engine")
