@@ -48,8 +48,8 @@ from nightly_generators import (
 from scipy import stats
 
 from recipeval.analysis.regression import (
+    RegressionSettingError,
     RegressionSettings,
-    SettingError,
     higher_is_better,
     max_statistic_levels,
     metric_correlation,
@@ -183,7 +183,7 @@ def main() -> None:
     args = parser.parse_args()
     try:
         settings = RegressionSettings(alpha=args.alpha)
-    except SettingError as err:
+    except RegressionSettingError as err:
         parser.error(f"--alpha {err.value:g}: must be {err.expected}")
     if args.noise and args.family != "all" and args.noise not in FAMILIES[args.family]:
         parser.error(

@@ -12,8 +12,8 @@ import pytest
 from publish_fixtures import AMD_RECIPE, night, write_run
 
 from recipeval.analysis.regression import (
+    RegressionSettingError,
     RegressionSettings,
-    SettingError,
     change_points,
     change_window,
     higher_is_better,
@@ -354,7 +354,7 @@ def test_a_split_left_among_quiet_nights_is_dropped() -> None:
 def test_settings_out_of_range_are_refused_naming_the_field(field: str, value: float) -> None:
     """Every front end (publish's options, the benchmark's --alpha) relies on the settings
     type refusing what the detector cannot work with."""
-    with pytest.raises(SettingError) as caught:
+    with pytest.raises(RegressionSettingError) as caught:
         RegressionSettings(**{field: value})
     assert caught.value.name == field
     assert str(caught.value).startswith(f"{field} {value:g}: must be ")

@@ -410,13 +410,13 @@ def publish(
     ] = None,
 ) -> None:
     """Tables, plots, history, regression verdict and JUnit XML from stage results."""
-    from recipeval.analysis.regression import RegressionSettings, SettingError
+    from recipeval.analysis.regression import RegressionSettingError, RegressionSettings
     from recipeval.publish.publisher import PublishError, PublishOutputs, summary_lines
     from recipeval.publish.publisher import publish as run_publish
 
     try:
         settings = RegressionSettings(min_change, alpha, min_history, short_history_band)
-    except SettingError as err:
+    except RegressionSettingError as err:
         # Before anything is written; the bounds are publish.* in config/config.schema.yaml.
         _die(f"--{err.name.replace('_', '-')} {err.value:g}: must be {err.expected}")
     outputs = PublishOutputs(tables, history, junit, verdict, plot_dir)

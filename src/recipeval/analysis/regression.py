@@ -124,7 +124,7 @@ CHANGE_WINDOW_LEVEL = 0.05
 _CHANGE_WINDOW_RSS = -2 * math.log(CHANGE_WINDOW_LEVEL / 2)
 
 
-class SettingError(ValueError):
+class RegressionSettingError(ValueError):
     """A regression setting out of range; `name` is the RegressionSettings field, so each
     front end (command line, config, benchmark) can name it in its own terms."""
 
@@ -154,7 +154,7 @@ class RegressionSettings:
         )
         for name, ok, expected in bounds:
             if not ok:
-                raise SettingError(name, getattr(self, name), expected)
+                raise RegressionSettingError(name, getattr(self, name), expected)
 
 
 @dataclass(frozen=True)
