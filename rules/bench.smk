@@ -21,7 +21,7 @@ rule bench:
     params:
         recipe_sha256=recipe_sha256,
         out=lambda wildcards: f"{RESULTS}/{wildcards.recipe}",
-        require=require_args("bench"),
+        options=run_stage_args("bench"),
     shell:
-        "recipeval bench --recipe {input.recipe:q} --out {params.out:q} {params.require:q}"
+        "recipeval bench --recipe {input.recipe:q} --out {params.out:q} {params.options:q}"
         f" {RUNNER} --exit-zero 2>&1 | tee {{log:q}}"

@@ -166,11 +166,17 @@ def stage_inputs(stage):
     return inputs
 
 
-def require_args(stage):
+def run_stage_args(stage):
+    """A run stage's options: --require for each gate, and --timeout with the config's default
+    when the recipe sets none, so the stage's own limit ends it with a result (a local run has
+    no scheduler to stop it)."""
+
     def args(wildcards):
         out = []
         for gate in gate_stages(stage):
             out += ["--require", result_path(wildcards.recipe, gate)]
+        if not RECIPES[wildcards.recipe].timeout_s[stage]:
+            out += ["--timeout", f"{stage_timeout_s(wildcards.recipe, stage):g}"]
         return out
 
     return args
@@ -184,12 +190,17 @@ RUNNER = f"--runner {config['runner']}" if config["runner"] else ""
 # ---- resources ------------------------------------------------------------------------------
 
 
+def stage_timeout_s(recipe, stage):
+    """The stage's wall-clock limit: the recipe's, else the config's default."""
+    own = RECIPES[recipe].timeout_s[stage]
+    return own if own else config["default_timeout_min"][stage] * 60
+
+
 def runtime_min(stage):
     """Scheduler time limit: the stage's own timeout fires first and still writes a result."""
 
     def runtime(wildcards):
-        seconds = RECIPES[wildcards.recipe].timeout_s[stage]
-        minutes = seconds / 60 if seconds else config["default_timeout_min"][stage]
+        minutes = stage_timeout_s(wildcards.recipe, stage) / 60
         return math.ceil(
             minutes * config["runtime_factor"] + config["runtime_margin_min"]
         )

@@ -19,7 +19,7 @@ rule logprob_diff:
     params:
         recipe_sha256=recipe_sha256,
         out=lambda wildcards: f"{RESULTS}/{wildcards.recipe}",
-        require=require_args("logprob_diff"),
+        options=run_stage_args("logprob_diff"),
     shell:
-        "recipeval logprob-diff --recipe {input.recipe:q} --out {params.out:q} {params.require:q}"
+        "recipeval logprob-diff --recipe {input.recipe:q} --out {params.out:q} {params.options:q}"
         f" {RUNNER} --exit-zero 2>&1 | tee {{log:q}}"

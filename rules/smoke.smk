@@ -19,7 +19,7 @@ rule smoke:
     params:
         recipe_sha256=recipe_sha256,
         out=lambda wildcards: f"{RESULTS}/{wildcards.recipe}",
-        require=require_args("smoke"),
+        options=run_stage_args("smoke"),
     shell:
-        "recipeval smoke --recipe {input.recipe:q} --out {params.out:q} {params.require:q}"
+        "recipeval smoke --recipe {input.recipe:q} --out {params.out:q} {params.options:q}"
         f" {RUNNER} --exit-zero 2>&1 | tee {{log:q}}"

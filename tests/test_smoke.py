@@ -139,6 +139,19 @@ def test_bad_input_exits_2_with_one_line(cli, tmp_path):
     assert proc.returncode == 2
     assert "stages.smoke.args.num-rollout" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "smoke.json").exists()
+    for bad in ("0", "-5", "nan", "31d", "soon"):
+        proc = cli("smoke", str(TINY_RECIPE), "--out", str(tmp_path), "--timeout", bad)
+        assert proc.returncode == 2 and "Invalid value for '--timeout'" in proc.stderr, bad
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "smoke.json").exists()
+
+
+def test_timeout_option_overrides_the_recipe_and_ends_with_a_result(cli, tmp_path):
+    """The workflow passes --timeout when a recipe sets none (config default_timeout_min)."""
+    proc = cli("smoke", str(TINY_RECIPE), "--out", str(tmp_path), "--timeout", "1s")
+    result = smoke_json(tmp_path)
+    assert proc.returncode == 3, result["message"]
+    assert result["status"] == "error" and "timed out after 1 s" in result["message"]
 
 
 # --- real runs through the shared plumbing (execute -> judge -> finish) -----------------

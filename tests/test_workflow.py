@@ -129,6 +129,26 @@ def test_stage_selection_moves_the_gates(tmp_path: Path) -> None:
     )
 
 
+def test_a_stage_without_a_recipe_timeout_gets_the_configured_default(tmp_path: Path) -> None:
+    """default_timeout_min reaches the stage as --timeout, so the stage's own limit fires
+    before the scheduler's (or at all, on a local run) and writes a result."""
+    work = _workdir(tmp_path)
+    _copy_recipe(
+        TINY, work / "recipes/local/no-limit.yaml", "no-limit", **{"    timeout: 20m\n": ""}
+    )
+    limits = work / "limits.yaml"
+    limits.write_text(
+        "default_timeout_min: {env_check: 15, smoke: 60, logprob_diff: 120, bench: 30}\n"
+    )
+    proc = snakemake(work, "-n", "-p", "--configfile", str(limits))
+    assert proc.returncode == 0, proc.stderr
+    (bench,) = [line for line in proc.stdout.splitlines() if "recipeval bench " in line]
+    assert "--timeout 1800" in bench
+    (smoke,) = [line for line in proc.stdout.splitlines() if "recipeval smoke " in line]
+    assert "--timeout" not in smoke  # the recipe's own 10m holds
+    assert re.search(r"\bruntime=43\b", proc.stdout), proc.stdout  # 30 min x 1.1 + 10
+
+
 def test_recipes_from_globs_files_and_excludes(tmp_path: Path) -> None:
     work = _workdir(tmp_path, TINY)
     _copy_recipe(TINY, work / "recipes/local/tiny-b.yaml", "tiny-b")

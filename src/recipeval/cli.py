@@ -138,7 +138,7 @@ OutOpt = Annotated[
     typer.Option(
         "--out",
         parser=out_folder,
-        help="results folder for this recipe [default: results/<recipe name>]",
+        help="results folder for this recipe (default: results/<recipe name>)",
     ),
 ]
 RunnerOpt = Annotated[
@@ -160,6 +160,34 @@ ExitZeroOpt = Annotated[
 ]
 
 
+def duration_seconds(raw: str) -> float:
+    """typer parser for --timeout: the recipe's duration syntax (90m, 2h, 45s, 600)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from recipeval.recipe.schema import MAX_TIMEOUT_S, Duration
+
+    try:
+        return TypeAdapter(Duration).validate_python(raw)
+    except ValidationError:
+        raise typer.BadParameter(
+            f"{raw[:80]!r}: give a duration above 0 and at most {MAX_TIMEOUT_S // 86400} days, "
+            "such as 90m, 2h, 45s or 600 (seconds)"
+        ) from None
+
+
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout",
+        parser=duration_seconds,
+        metavar="DURATION",
+        help="wall-clock limit of the run, e.g. 90m (default: the recipe's "
+        "stages.<stage>.timeout, else none)",
+        show_default=False,
+    ),
+]
+
+
 def stage_request(
     stage: str,
     recipe: Path | None,
@@ -169,6 +197,7 @@ def stage_request(
     from_log: Path | None,
     require: list[Path] | None,
     exit_zero: bool,
+    timeout: float | None,
 ):  # -> StageRequest
     from recipeval.runners import RUNNERS
     from recipeval.stages.common import StageRequest
@@ -187,6 +216,7 @@ def stage_request(
         from_log=from_log,
         require=list(require or []),
         exit_zero=exit_zero,
+        timeout=timeout,
     )
 
 
@@ -236,6 +266,7 @@ def _stage_command(name: str, command: StageCommand) -> None:
         from_log: FromLogOpt = None,
         require: RequireOpt = None,
         exit_zero: ExitZeroOpt = False,
+        timeout: TimeoutOpt = None,
     ) -> None:
         import importlib
 
@@ -243,7 +274,7 @@ def _stage_command(name: str, command: StageCommand) -> None:
         from recipeval.stages.driver import run
 
         request = stage_request(
-            command.stage, recipe, recipe_opt, out, runner, from_log, require, exit_zero
+            command.stage, recipe, recipe_opt, out, runner, from_log, require, exit_zero, timeout
         )
         result = run(getattr(importlib.import_module(command.module), command.attribute), request)
         first_line = result.message.splitlines()[0] if result.message else ""
@@ -406,7 +437,7 @@ def publish(
         bool, typer.Option(help="draw plots (in the HTML page and --plot-dir)")
     ] = True,
     plot_dir: Annotated[
-        Path | None, typer.Option(help="folder for the plots as PNGs [default: TABLES/plots]")
+        Path | None, typer.Option(help="folder for the plots as PNGs (default: TABLES/plots)")
     ] = None,
 ) -> None:
     """Tables, plots, history, regression verdict and JUnit XML from stage results."""
@@ -441,7 +472,7 @@ def acknowledge(
         ),
     ],
     metric: Annotated[
-        str | None, typer.Option(help="accept the change for this metric only [default: all]")
+        str | None, typer.Option(help="accept the change for this metric only (default: all)")
     ] = None,
     note: Annotated[str, typer.Option(help="why the new level is the norm")] = "",
     history: Annotated[Path, typer.Option(help="the run history folder")] = Path("results/history"),
@@ -600,13 +631,14 @@ def drift(
 @app.command()
 def layouts(
     recipe: RecipeArg,
-    gpus: Annotated[int | None, typer.Option(help="GPUs in all [default: the recipe's]")] = None,
+    gpus: Annotated[int | None, typer.Option(help="GPUs in all (default: the recipe's)")] = None,
     nodes: Annotated[
-        int | None, typer.Option(help="nodes [default: GPUs / the recipe's GPUs per node]")
+        int | None, typer.Option(help="nodes (default: GPUs / the recipe's GPUs per node)")
     ] = None,
     top: Annotated[int | None, typer.Option(help="show (and emit) the best K only")] = None,
     emit: Annotated[
-        Path | None, typer.Option(help="write one recipe per layout into this folder")
+        Path | None,
+        typer.Option(help="write one recipe per layout into this folder"),
     ] = None,
     history: Annotated[
         Path, typer.Option(help="run history to calibrate the cost model on")
@@ -669,7 +701,7 @@ def layouts(
         _die(str(err))
     print(
         f"wrote {len(written)} recipe(s) to {emit}; run them with "
-        f"snakemake --config 'recipes={{sweeps: [{emit}]}}'"
+        f"snakemake --config 'recipes={{globs: [], sweeps: [{emit}]}}'"
     )
 
 
@@ -701,7 +733,8 @@ def ablate(
         typer.Option(help="KEY,KEY: keep these keys (or key prefixes) in one variant; repeatable"),
     ] = None,
     emit: Annotated[
-        Path | None, typer.Option(help="write the variants as recipes into this folder")
+        Path | None,
+        typer.Option(help="write the variants as recipes into this folder"),
     ] = None,
 ) -> None:
     """One variant of BEFORE per changed key (or group); keys env_check binds stay together,
@@ -719,7 +752,7 @@ def ablate(
             written = emit_variants(ablation, emit)
             print(
                 f"wrote {len(written)} recipe(s) to {emit}; run them with "
-                f"snakemake --config 'recipes={{sweeps: [{emit}]}}'"
+                f"snakemake --config 'recipes={{globs: [], sweeps: [{emit}]}}'"
             )
     except (AblationError, EmitError) as err:
         _die(str(err))
