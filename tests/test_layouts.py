@@ -142,6 +142,18 @@ def test_a_count_under_one_is_refused(cli, argv, message):
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
+@pytest.mark.parametrize("command", ["layouts", "ablate"])
+def test_emit_into_a_path_that_cannot_be_a_folder_is_refused(cli, tmp_path, command):
+    """Checked before any exploring: it ended in a traceback (exit 1), and "" wrote into the
+    working directory."""
+    (tmp_path / "afile").write_text("")
+    recipes = [str(AMD)] * (2 if command == "ablate" else 1)
+    for emit, message in [(tmp_path / "afile/x", "which is not a folder"), ("", "is empty")]:
+        proc = cli(command, *recipes, "--emit", str(emit))
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
 def test_env_check_fails_rollout_engines_that_do_not_tile_the_gpus(cli, tmp_path):
     recipe = tmp_path / "engines-of-3.yaml"
     recipe.write_text(

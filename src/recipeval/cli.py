@@ -638,7 +638,7 @@ def layouts(
     top: Annotated[int | None, typer.Option(help="show (and emit) the best K only")] = None,
     emit: Annotated[
         Path | None,
-        typer.Option(help="write one recipe per layout into this folder"),
+        typer.Option(parser=out_folder, help="write one recipe per layout into this folder"),
     ] = None,
     history: Annotated[
         Path, typer.Option(help="run history to calibrate the cost model on")
@@ -734,7 +734,7 @@ def ablate(
     ] = None,
     emit: Annotated[
         Path | None,
-        typer.Option(help="write the variants as recipes into this folder"),
+        typer.Option(parser=out_folder, help="write the variants as recipes into this folder"),
     ] = None,
 ) -> None:
     """One variant of BEFORE per changed key (or group); keys env_check binds stay together,
