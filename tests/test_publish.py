@@ -391,3 +391,26 @@ def test_cli_publish_fail_on_regression_exit_status(tmp_path: Path) -> None:
     shutil.rmtree(tmp_path / "n3" / "t")
     assert _cli("publish", *args).returncode == 0
     assert (tmp_path / "n3/t/benchmarks.md").is_file()
+
+
+def test_an_unreadable_history_file_is_skipped_with_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A truncated record and a folder named like one: publish goes on, and says which file and
+    what is wrong on stderr (the folder ended in a traceback; a record's reason was pydantic's
+    "1 validation error" header, on stdout)."""
+    _publish_night(tmp_path, 0)
+    (record,) = (tmp_path / "history").glob("*/*.json")
+    (record.parent / "20250101T000000Z-truncated.json").write_text(record.read_text()[:100])
+    (record.parent / "20250102T000000Z-folder.json").mkdir()
+    capsys.readouterr()
+    _, outcome = _publish_night(tmp_path, 1)
+    assert outcome.ok
+    captured = capsys.readouterr()
+    lines = set(captured.err.splitlines())
+    assert (
+        f"recipeval: skipping history file {record.parent}/20250102T000000Z-folder.json: Is a directory"
+        in lines
+    )
+    assert any("20250101T000000Z-truncated.json: Invalid JSON" in line for line in lines)
+    assert "skipping" not in captured.out

@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -165,12 +166,22 @@ def load(history: Path) -> list[RunRecord]:
         try:
             # files written before secrets were fingerprinted get the same treatment on reading
             records.append(_stored(RunRecord.model_validate_json(file.read_text())))
-        except ValueError as err:
-            print(
-                f"recipeval publish: skipping unreadable history file {file}: {str(err).splitlines()[0]}"
-            )
+        except (ValueError, OSError) as err:  # OSError: a folder or unreadable file named *.json
+            print(f"recipeval: skipping history file {file}: {_unreadable(err)}", file=sys.stderr)
     records.sort(key=lambda r: (r.date or "", r.run_id))
     return records
+
+
+def _unreadable(err: ValueError | OSError) -> str:
+    """What is wrong with a history file, in one line: the first field pydantic rejected (or
+    its JSON error), not its "1 validation error for RunRecord" header."""
+    if isinstance(err, ValidationError):
+        first = err.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        return f"{where}: {first['msg']}" if where else first["msg"]
+    if isinstance(err, OSError):
+        return err.strerror or type(err).__name__
+    return str(err).splitlines()[0]
 
 
 def to_frame(records: list[RunRecord]) -> pd.DataFrame:
