@@ -46,6 +46,21 @@ def test_nightly_without_a_fresh_verdict_is_an_error(tmp_path: Path) -> None:
     assert "no fresh verdict" in proc.stderr
 
 
+@pytest.mark.parametrize("written", ['{"recipes": ', '{"recipes": [{"status": "ok"}]}', "[]"])
+def test_a_verdict_that_cannot_be_read_is_an_error_not_a_regression(
+    tmp_path: Path, written: str
+) -> None:
+    """Exit 3 (could not judge) with one line, not a traceback's exit 1 (regressed)."""
+    (tmp_path / "Snakefile").write_text(
+        f"rule all:\n    run:\n        open('results/regression.json', 'w').write({written!r})\n"
+    )
+    (tmp_path / "results").mkdir()
+    proc = nightly(tmp_path, "--snakefile", str(tmp_path / "Snakefile"), timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "recipeval nightly: unusable verdict at " in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.slow
 def test_nightly_exit_status_follows_the_verdict(tmp_path: Path) -> None:
     (tmp_path / "recipes/local").mkdir(parents=True)

@@ -32,11 +32,28 @@ def snakemake_argv(profiles: list[str], cores: str | None, extra: list[str]) -> 
     return argv + extra
 
 
+class VerdictError(Exception):
+    """A fresh verdict file that is not publish's verdict: no status can be read from it."""
+
+
 def read_verdict(path: Path, not_before: float) -> dict | None:
-    """The verdict publish wrote during this run, or None (publish did not run)."""
+    """The verdict publish wrote during this run, or None (publish did not run); VerdictError
+    when it cannot be read as publish writes it (a recipe list with a name and a status each)."""
     if not path.is_file() or path.stat().st_mtime < not_before:
         return None
-    return json.loads(path.read_text())
+    try:
+        verdict = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise VerdictError(f"{path}: {err}") from None
+    recipes = verdict.get("recipes") if isinstance(verdict, dict) else None
+    if not isinstance(recipes, list) or not all(
+        isinstance(r, dict)
+        and isinstance(r.get("recipe"), str)
+        and isinstance(r.get("status"), str)
+        for r in recipes
+    ):
+        raise VerdictError(f"{path}: not a verdict: expected recipes, each with recipe and status")
+    return verdict
 
 
 def _default_sigint() -> None:
@@ -94,7 +111,11 @@ def nightly(profiles: list[str], cores: str | None, verdict_path: Path, extra: l
             file=sys.stderr,
         )
         return 128 + stopped_by
-    verdict = read_verdict(verdict_path, started)
+    try:
+        verdict = read_verdict(verdict_path, started)
+    except VerdictError as err:
+        print(f"recipeval nightly: unusable verdict at {err}", file=sys.stderr)
+        return EXIT_ERROR
     if verdict is None:
         print(
             f"recipeval nightly: no fresh verdict at {verdict_path} (snakemake exit {returncode})",
