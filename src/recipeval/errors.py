@@ -45,3 +45,17 @@ class SettingError(Exception):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.message}"
+
+
+def unreadable_reason(err: ValueError | OSError) -> str:
+    """Why a file we read could not be used, in one line: the first field pydantic rejected (or
+    its JSON error) rather than its "1 validation error for X" header."""
+    from pydantic import ValidationError
+
+    if isinstance(err, ValidationError):
+        first = err.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        return f"{where}: {first['msg']}" if where else first["msg"]
+    if isinstance(err, OSError):
+        return err.strerror or type(err).__name__
+    return str(err).splitlines()[0]

@@ -28,6 +28,7 @@ import pandas as pd
 from pydantic import TypeAdapter, ValidationError
 
 from recipeval.atomic import atomic_write, atomic_write_text
+from recipeval.errors import unreadable_reason
 from recipeval.publish.compare import Acknowledgement
 from recipeval.publish.records import RunRecord
 from recipeval.secrets import fingerprint_secrets, scrub, secret_values
@@ -167,21 +168,12 @@ def load(history: Path) -> list[RunRecord]:
             # files written before secrets were fingerprinted get the same treatment on reading
             records.append(_stored(RunRecord.model_validate_json(file.read_text())))
         except (ValueError, OSError) as err:  # OSError: a folder or unreadable file named *.json
-            print(f"recipeval: skipping history file {file}: {_unreadable(err)}", file=sys.stderr)
+            print(
+                f"recipeval: skipping history file {file}: {unreadable_reason(err)}",
+                file=sys.stderr,
+            )
     records.sort(key=lambda r: (r.date or "", r.run_id))
     return records
-
-
-def _unreadable(err: ValueError | OSError) -> str:
-    """What is wrong with a history file, in one line: the first field pydantic rejected (or
-    its JSON error), not its "1 validation error for RunRecord" header."""
-    if isinstance(err, ValidationError):
-        first = err.errors()[0]
-        where = ".".join(map(str, first["loc"]))
-        return f"{where}: {first['msg']}" if where else first["msg"]
-    if isinstance(err, OSError):
-        return err.strerror or type(err).__name__
-    return str(err).splitlines()[0]
 
 
 def to_frame(records: list[RunRecord]) -> pd.DataFrame:

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from recipeval.errors import unreadable_reason
 from recipeval.recipe.schema import STAGES
 from recipeval.result import StageResult, read_result
 from recipeval.secrets import fingerprint_secret, fingerprint_secrets
@@ -216,7 +217,10 @@ def collect_results(paths: Iterable[Path]) -> dict[str, list[StageResult]]:
             files.append(path)
     grouped: dict[str, list[StageResult]] = {}
     for file in files:
-        res = _locate_artifacts(read_result(file), file.parent)
+        try:
+            res = _locate_artifacts(read_result(file), file.parent)
+        except (ValueError, OSError) as err:
+            raise ValueError(f"{file}: {unreadable_reason(err)}") from None
         grouped.setdefault(res.recipe, []).append(res)
     return grouped
 
