@@ -262,9 +262,28 @@ def test_shift_stays_reported_names_its_cause_and_ends_when_acknowledged(tmp_pat
     ]
 
 
-def test_bad_acknowledgement_file_is_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("acknowledged", "message"),
+    [
+        ('[{"recipe": "x"}]', "acknowledged.json: 0.run_id: Field required"),
+        (b"\xff", "acknowledged.json: top level: Invalid JSON"),
+        (None, "acknowledged.json: not a regular file"),
+    ],
+)
+def test_bad_acknowledgement_file_is_one_line_and_leaves_the_history(
+    tmp_path: Path, acknowledged: str | bytes | None, message: str
+) -> None:
+    """Read before the run is appended: a bad file used to leave the history one run longer
+    with no tables or verdict for it; a folder in its place was ignored silently."""
     _publish_night(tmp_path, 0)
-    (tmp_path / "history" / "acknowledged.json").write_text('[{"recipe": "x"}]')
+    ack = tmp_path / "history" / "acknowledged.json"
+    if acknowledged is None:
+        ack.mkdir()
+    elif isinstance(acknowledged, bytes):
+        ack.write_bytes(acknowledged)
+    else:
+        ack.write_text(acknowledged)
+    runs_before = sorted((tmp_path / "history").glob("*/*.json"))
     results = tmp_path / "n1"
     write_run(results, AMD_RECIPE, night(1))
     proc = _cli(
@@ -280,8 +299,9 @@ def test_bad_acknowledgement_file_is_one_line(tmp_path: Path) -> None:
         str(results / "v.json"),
         "--no-plots",
     )
-    assert proc.returncode == 2 and "acknowledged.json: 0.run_id: Field required" in proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+    assert sorted((tmp_path / "history").glob("*/*.json")) == runs_before
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -62,10 +62,16 @@ _ACKS = TypeAdapter(list[Acknowledgement])
 def acknowledgements(history: Path) -> list[Acknowledgement]:
     """The acknowledged changes; ValueError (naming the file and what is wrong) on a bad file."""
     path = history / ACK_NAME
-    if not path.is_file():
+    if not path.exists():
         return []
+    if not path.is_file():
+        raise ValueError(
+            f"{path}: not a regular file; move it aside (it holds the acknowledgements)"
+        )
     try:
-        return _ACKS.validate_json(path.read_text())
+        return _ACKS.validate_json(path.read_bytes())
+    except OSError as err:
+        raise ValueError(f"{path}: {unreadable_reason(err)}") from None
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "top level"

@@ -93,12 +93,12 @@ def publish(
 ) -> PublishReport:
     grouped = _stage_results(inputs)
     records = [build_record(results) for results in grouped.values()]
-    added = sum(history.append(out.history, rec) for rec in records)
-    runs = history.load(out.history)
-    try:
+    try:  # before the history grows: a bad file must leave it as it was
         acks = history.acknowledgements(out.history)
     except ValueError as err:
         raise PublishError(str(err)) from None
+    added = sum(history.append(out.history, rec) for rec in records)
+    runs = history.load(out.history)
     verdicts = {rec.run_id: judge_run(rec, runs, settings, acks) for rec in records}
     outcome = PublishReport(records, verdicts, added)
     generated = now_iso()
