@@ -83,6 +83,19 @@ def test_probe_only_prints_json():
 def test_bad_inputs_exit_2_with_one_line(tmp_path):
     not_utf8 = tmp_path / "probe.json"
     not_utf8.write_bytes(b'{"platform": "cpu\xff"}')
+    # the probe's parts the live checks read, with the wrong types: tracebacks before
+    wrong_types = [
+        ({"torch": "x"}, "torch: Input should be a valid dictionary"),
+        ({"packages": [1]}, "packages: Input should be a valid dictionary"),
+        ({"nvml": {"devices": "abc"}}, "nvml.devices: Input should be a valid list"),
+    ]
+    mistyped = []
+    for n, (fields, reason) in enumerate(wrong_types):
+        probe = tmp_path / f"probe-{n}.json"
+        probe.write_text(json.dumps({"platform": "cpu", "packages": {}, **fields}))
+        mistyped.append(
+            (["env-check", str(TINY_RECIPE), "--probe-from", str(probe)], f"{probe}: {reason}")
+        )
     cases = [
         (["env-check", "--static", str(tmp_path / "missing.yaml")], "missing.yaml"),
         (
@@ -108,6 +121,7 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
             ["env-check", str(TINY_RECIPE), "--probe-from", str(not_utf8)],
             f"--probe-from {not_utf8}: not UTF-8",
         ),
+        *mistyped,
     ]
     for args, needle in cases:
         proc = run_cli(*args)

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
 
 from recipeval.checks.env_check import env_check, exit_status, report_lines
-from recipeval.errors import UsageError
+from recipeval.errors import UsageError, unreadable_reason
 from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK
 
 
@@ -26,7 +29,33 @@ def _read_probe(path: Path) -> dict | str:
         return (
             f"--probe-from {path}: not a probe (no platform/packages); write it with --probe-only"
         )
+    try:
+        _ProbeShape.model_validate(found)
+    except ValidationError as err:
+        return f"--probe-from {path}: {unreadable_reason(err)}; write it with --probe-only"
     return found
+
+
+class _Devices(BaseModel):
+    devices: list[dict[str, Any]] | None = None
+
+
+class _Ray(BaseModel):
+    address: str | None = None
+    reachable: bool | None = None
+    gpus: float | None = None
+
+
+class _ProbeShape(BaseModel):
+    """The parts of a `--probe-only` JSON the live checks read, typed, so a hand-edited or
+    foreign file is refused here rather than failing inside a check (extra keys are fine)."""
+
+    platform: str
+    packages: dict[str, str | None]
+    torch: _Devices | None = None
+    nvml: _Devices | None = None
+    amdsmi: _Devices | None = None
+    ray: _Ray | None = None
 
 
 def env_check_command(
