@@ -120,6 +120,22 @@ def test_parse_log_cli_writes_csv_and_parquet_and_reports_malformed(tmp_path):
     assert (
         bad.returncode == 2 and "no such log file" in bad.stderr and "Traceback" not in bad.stderr
     )
+    # an --out that cannot be a file: refused naming it, before reading (tracebacks before)
+    (tmp_path / "folder.csv").mkdir()
+    (tmp_path / "afile").write_text("")
+    for out, problem in [
+        (tmp_path / "folder.csv", "exists and is not a regular file"),
+        (tmp_path / "afile/x.csv", "which is not a folder"),
+    ]:
+        proc = subprocess.run(
+            [RECIPEVAL, "parse-log", str(LOGS / "miles_clean.log"), "--out", str(out)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        message = " ".join(proc.stderr.replace("│", " ").split())  # rich wraps it in a box
+        assert proc.returncode == 2 and problem in message, proc.stderr
+        assert "Traceback" not in proc.stderr
 
 
 # --- the real trainers' formats (fixtures cite the source lines or threads they come from) --

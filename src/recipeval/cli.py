@@ -17,7 +17,7 @@ import typer
 
 from recipeval.errors import RecipeError, SettingError, UsageError
 from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK
-from recipeval.outpath import out_folder, out_json_or_folder
+from recipeval.outpath import out_file, out_folder, out_json_or_folder
 
 if TYPE_CHECKING:  # publish's modules load only when it runs
     from recipeval.publish.publisher import PublishOutputs
@@ -344,7 +344,10 @@ def env_check(
 @app.command("parse-log")
 def parse_log(
     log: Annotated[Path, typer.Argument(help="training log", show_default=False)],
-    out: Annotated[Path, typer.Option("--out", help="step table: FILE.csv or FILE.parquet")],
+    out: Annotated[
+        Path,
+        typer.Option("--out", parser=out_file, help="step table: FILE.csv or FILE.parquet"),
+    ],
     engine: Annotated[
         str, typer.Option("--engine", help="log format: miles (also the reference engine's)")
     ] = "miles",
@@ -540,7 +543,8 @@ def import_miles(
         str | None, typer.Option("--name", help="recipe name (default: from --out or the script)")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", help="recipe file to write (default: stdout)")
+        Path | None,
+        typer.Option("--out", parser=out_file, help="recipe file to write (default: stdout)"),
     ] = None,
     platform: Annotated[
         str | None, typer.Option(help="rocm or cuda (default: rocm for a script under amd/)")

@@ -35,6 +35,8 @@ def _ancestor_problem(path: Path) -> str | None:
         if ancestor.exists():
             if not ancestor.is_dir():
                 return f"lies under {ancestor}, which is not a folder"
+            if not os.access(ancestor, os.W_OK | os.X_OK):
+                return f"lies under {ancestor}, which this user cannot write to"
             break
     return None
 
@@ -68,6 +70,14 @@ def output_file_problem(raw: str) -> str | None:
 def out_folder(raw: str) -> Path:
     """typer parser for a results folder option (--out)."""
     problem = output_path_problem(raw)
+    if problem:
+        raise typer.BadParameter(f"{raw[:80]!r} {problem}")
+    return Path(raw)
+
+
+def out_file(raw: str) -> Path:
+    """typer parser for an option naming one output file (import's recipe, parse-log's table)."""
+    problem = output_file_problem(raw)
     if problem:
         raise typer.BadParameter(f"{raw[:80]!r} {problem}")
     return Path(raw)
