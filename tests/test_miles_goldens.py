@@ -195,6 +195,24 @@ def test_drift_of_several_recipes_is_one_report_each(cli, tmp_path):
     assert "no miles checkout" in bad.stderr and "miles recipes only" in bad.stderr
 
 
+def test_a_recording_of_the_wrong_shape_is_bad_input_naming_it(cli, tmp_path):
+    """A hand-edited recording: exit 2 naming the file and field (it crashed on a number for
+    the commit, and a string for argv was compared word by word as made-up drift)."""
+    golden = json.loads((GOLDENS / "deepseek-v4-flash-8node-h200.json").read_text())
+    recipe = RECIPES / "nvidia" / "deepseek-v4-flash-8node-h200.yaml"
+    for name, content, reason in [
+        ("truncated", "{", "Invalid JSON"),
+        ("commit", json.dumps({**golden, "commit": 5}), "commit: Input should be a valid string"),
+        ("argv", json.dumps({**golden, "argv": "ray -- x"}), "argv: Input should be a valid"),
+    ]:
+        recording = tmp_path / f"{name}.json"
+        recording.write_text(content)
+        proc = cli("drift", str(recipe), "--against", str(recording))
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert f"recorded launch {recording}: {reason}" in proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
 def test_drift_bad_input_exits_two(cli, tmp_path):
     no_checkout = cli("drift", str(RECIPES / "nvidia" / "deepseek-v4-flash-8node-h200.yaml"))
     assert no_checkout.returncode == 2

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipeval.errors import unreadable_reason
+
 MILES_PLACEHOLDER = "{miles}"
 DEFAULT_REPO = "radixark/miles"
 DRIVER = Path(__file__).with_name("record_driver.py")
@@ -70,12 +72,15 @@ class Recording:
         return json.dumps(asdict(self), indent=2) + "\n"
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Recording:
-        return cls(**data)
-
-    @classmethod
     def load(cls, path: Path) -> Recording:
-        return cls.from_dict(json.loads(path.read_text()))
+        """A recording file, its fields type-checked; RecordError naming the file and the first
+        field that is wrong (a hand-edited file must not reach compare as the wrong type)."""
+        from pydantic import TypeAdapter, ValidationError
+
+        try:
+            return TypeAdapter(cls).validate_json(path.read_bytes())
+        except (ValidationError, OSError) as err:
+            raise RecordError(f"recorded launch {path}: {unreadable_reason(err)}") from None
 
 
 def git_commit(checkout: Path) -> str:
