@@ -29,5 +29,7 @@ def test_reward_rises_on_the_tiny_recipe(tmp_path):
     rewards = [row["rollout/raw_reward"] for row in history]
     print("reward curve:", json.dumps([round(r, 3) for r in rewards]))
     assert len(rewards) == 30
+    # Measured rises: +0.20 to +0.27 over seeds 1-6 and 1234, on AVX-512 and AVX2 kernels; the
+    # reward's own noise between two such means is about 0.03.
     first, last = statistics.mean(rewards[:5]), statistics.mean(rewards[-10:])
-    assert last > first + 0.04, (first, last)
+    assert last > first + 0.1, (first, last)

@@ -5,7 +5,9 @@ then EOS. The warm start learns from imperfect demonstrations: with probability 
 answer is written without its leading zeros (`52`, which scores 0), as SFT data mixes styles.
 The policy then keeps a prompt-independent format mistake that GRPO can remove, so reward
 visibly rises within a few dozen steps even for a tiny model (learning more arithmetic would
-take far longer). Reward = characters of the answer matched at their position, divided by the longer of
+take far longer). Operands stay under OPERAND_LIMIT so every answer has the leading zero: with sums of 100
+and more, half the prompts rewarded the opposite habit and the rise (+0.03 to +0.18 over 30-60
+rollouts, depending on seed and CPU kernels) drowned in the reward's step-to-step noise. Reward = characters of the answer matched at their position, divided by the longer of
 answer and response (exact answer: 1.0; `05` : 2/3; `0521`: 3/4), so a person can check any
 number by hand and partial progress is visible to GRPO.
 """
@@ -18,8 +20,9 @@ from dataclasses import dataclass
 from recipeval.reference.tokenizer import BOS_ID, EOS_ID, PAD_ID, decode_until_eos, encode
 
 PROMPT_TOKENS = 7  # <bos> d d + d d =
-TASK_NAME = "add2-pad3-v3"
+TASK_NAME = "add2-pad3-v4"
 UNPADDED_DEMOS = 0.5
+OPERAND_LIMIT = 50  # every sum below 100: see the module docstring
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,9 @@ class Problem:
 def problems(seed: int, stream: str, index: int, count: int) -> list[Problem]:
     """Deterministic problems for (seed, stream, index): rollout N always sees the same prompts."""
     rng = random.Random(f"{TASK_NAME}/{seed}/{stream}/{index}")
-    return [Problem(rng.randrange(100), rng.randrange(100)) for _ in range(count)]
+    return [
+        Problem(rng.randrange(OPERAND_LIMIT), rng.randrange(OPERAND_LIMIT)) for _ in range(count)
+    ]
 
 
 def reward(problem: Problem, response_ids: list[int]) -> float:
