@@ -10,12 +10,15 @@ from pathlib import Path
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> Path:
     """`write(tmp)` writes the content to a temporary name beside `path`; then it replaces
-    `path`. The temporary file is removed when `write` fails."""
+    `path`. The temporary file is removed when `write` fails, and an OSError names `path`,
+    the file the caller asked for, not the temporary name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         write(tmp)
         os.replace(tmp, path)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, str(path)) from err
     finally:
         tmp.unlink(missing_ok=True)
     return path

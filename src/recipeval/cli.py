@@ -405,6 +405,7 @@ def _check_publish_outputs(outputs: PublishOutputs, plots: bool) -> None:
     ]
     if plots:
         paths.append(("--plot-dir", outputs.plots, output_path_problem))
+    paths += [("--tables", file, output_file_problem) for file in outputs.table_files()]
     for option, path, problem_of in paths:
         problem = problem_of(str(path))
         if problem:

@@ -166,18 +166,20 @@ def append(history: Path, record: RunRecord) -> bool:
     return True
 
 
-def load(history: Path) -> list[RunRecord]:
-    """Every run in the history, oldest first; unreadable files are reported, not fatal."""
+def load(history: Path, report_skips: bool = True) -> list[RunRecord]:
+    """Every run in the history, oldest first; unreadable files are skipped, and reported on
+    stderr unless `report_skips` is False (a second read in the same command)."""
     records = []
     for file in sorted(history.glob("*/*.json")):
         try:
             # files written before secrets were fingerprinted get the same treatment on reading
             records.append(_stored(RunRecord.model_validate_json(file.read_text())))
         except (ValueError, OSError) as err:  # OSError: a folder or unreadable file named *.json
-            print(
-                f"recipeval: skipping history file {file}: {unreadable_reason(err)}",
-                file=sys.stderr,
-            )
+            if report_skips:
+                print(
+                    f"recipeval: skipping history file {file}: {unreadable_reason(err)}",
+                    file=sys.stderr,
+                )
     records.sort(key=lambda r: (r.date or "", r.run_id))
     return records
 
@@ -234,9 +236,10 @@ def to_frame(records: list[RunRecord]) -> pd.DataFrame:
 
 def rebuild_parquet(history: Path) -> Path:
     """history.parquet from every JSON file there, under the folder's lock: concurrent
-    publishes each add their file first, and the last rebuild sees all of them."""
+    publishes each add their file first, and the last rebuild sees all of them. The caller
+    has already read the folder once and reported what it skipped."""
     with locked(history):
-        return write_parquet(load(history), history / PARQUET_NAME)
+        return write_parquet(load(history, report_skips=False), history / PARQUET_NAME)
 
 
 def write_parquet(records: list[RunRecord], path: Path) -> Path:

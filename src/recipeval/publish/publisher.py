@@ -20,7 +20,10 @@ from recipeval.secrets import scrub, secret_values
 
 
 class PublishError(Exception):
-    """Input publish cannot use (one line, names the file)."""
+    """Input publish cannot use, or an output it cannot write (one line, names the file)."""
+
+
+PAGE_TABLES = ("benchmarks.md", "benchmarks.csv", "benchmarks.html")
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,11 @@ class PublishOutputs:
     @property
     def plots(self) -> Path:
         return self.plot_dir or self.tables / "plots"
+
+    def table_files(self) -> list[Path]:
+        """Every file publish may write or remove in the tables folder."""
+        names = (*PAGE_TABLES, *layout_table.FILES, *attribution.FILES)
+        return [self.tables / name for name in names]
 
     @classmethod
     def under(cls, results: Path, history_dir: Path | None = None) -> PublishOutputs:
@@ -101,6 +109,24 @@ def publish(
     runs = history.load(out.history)
     verdicts = {rec.run_id: judge_run(rec, runs, settings, acks) for rec in records}
     outcome = PublishReport(records, verdicts, added)
+    try:
+        _write_outputs(out, outcome, runs, grouped, plots)
+    except OSError as err:  # the checks before could not see it: a full disk, a read-only mount
+        raise PublishError(
+            f"cannot write {err.filename or out.tables}: {err.strerror or err}; the history "
+            "already holds this run, so publish again once the outputs can be written"
+        ) from None
+    return outcome
+
+
+def _write_outputs(
+    out: PublishOutputs,
+    outcome: PublishReport,
+    runs: list[RunRecord],
+    grouped: dict[str, list[StageResult]],
+    plots: bool,
+) -> None:
+    records, verdicts = outcome.records, outcome.verdicts
     generated = now_iso()
     frame = tables.table(records, verdicts)
     history_frame = history.to_frame(runs)
@@ -130,7 +156,6 @@ def publish(
     _write_text(
         out.verdict, json.dumps(verdict_document(outcome, generated), indent=1, default=str) + "\n"
     )
-    return outcome
 
 
 def summary_lines(outcome: PublishReport) -> list[str]:
