@@ -146,6 +146,22 @@ def test_bad_input_exits_2_with_one_line(cli, tmp_path):
     assert not (tmp_path / "smoke.json").exists()
 
 
+@pytest.mark.parametrize("occupied", ["smoke.json", "smoke.steps.parquet", "smoke.log"])
+def test_a_folder_where_the_stage_writes_is_refused_before_anything_runs(cli, tmp_path, occupied):
+    """It ended in IsADirectoryError (exit 1, read as a failed check): after the run, for the
+    step table and the log, so the run's result was lost."""
+    out = tmp_path / "out"
+    (out / occupied / "kept").mkdir(parents=True)
+    proc = cli(
+        "smoke", str(TINY_RECIPE), "--out", str(out), "--from-log", str(LOGS / "miles_clean.log")
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"recipeval: {out / occupied}: exists and is not a regular file")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == [occupied]
+    assert (out / occupied / "kept").is_dir()
+
+
 def test_timeout_option_overrides_the_recipe_and_ends_with_a_result(cli, tmp_path):
     """The workflow passes --timeout when a recipe sets none (config default_timeout_min)."""
     proc = cli("smoke", str(TINY_RECIPE), "--out", str(tmp_path), "--timeout", "1s")

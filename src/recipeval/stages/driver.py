@@ -12,6 +12,7 @@ recipe schema, so `recipeval validate` reports them; bad input raises RecipeErro
 from __future__ import annotations
 
 import dataclasses
+import glob
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,6 +74,7 @@ def run(stage: Stage, request: StageRequest) -> StageResult:
         raise ValueError(f"stage {stage.name} got a {request.stage} request")
     if request.from_log is not None and not request.from_log.is_file():
         raise UsageError(f"--from-log {request.from_log}: no such file")
+    check_outputs(request)
     blocked = gate_block(request)
     if blocked is not None:
         return skipped(request, *blocked)
@@ -87,6 +89,22 @@ def run(stage: Stage, request: StageRequest) -> StageResult:
     }
     judgement = dataclasses.replace(verdict.judgement, summary=summary)
     return finish(request, judgement, started, verdict.steps, verdict.artifacts, verdict.gpu)
+
+
+def check_outputs(request: StageRequest) -> None:
+    """A folder or device where the stage writes one of its files (DIR/<stage>.json, .log,
+    .steps.parquet, ...) is bad input, found before the previous result is removed or a run
+    starts; it would end the run in a traceback, with its result lost."""
+    path = request.result_path
+    if path is None:
+        return
+    stem = glob.escape(path.stem)
+    for file in [path, *path.parent.glob(f"{stem}.*"), *path.parent.glob(f".{stem}.*")]:
+        if file.exists() and not file.is_file():
+            raise UsageError(
+                f"{file}: exists and is not a regular file (a folder or device), and the "
+                f"{request.stage} stage writes it; move it away or choose another --out"
+            )
 
 
 def invalidate(request: StageRequest) -> None:
