@@ -108,6 +108,7 @@ EXPECTED = {
     "context-too-long": ("context.positions", "args.rollout-max-response-len", "error"),
     "batch-steps-not-whole": ("batch.steps-per-rollout", "args.num-steps-per-rollout", "error"),
     "micro-batches-not-whole": ("megatron.microbatches", "args.micro-batch-size", "error"),
+    "count-flag-not-a-number": ("args.integers", "args.n-samples-per-prompt", "error"),
 }
 # What megatron-core itself says about the layout variants (its exception, on the recipe key).
 MEGATRON_VERDICTS = {

@@ -118,6 +118,9 @@ def test_16_gpus_fit_only_with_a_memory_knob_and_the_explorer_names_it(cli, tmp_
         ("optimizer-offload-fraction", "write FLAG=VALUE"),
         ("tensor-model-parallel-size=2", "derives this flag from parallel.tp"),
         ("sglang-mem-fraction-static=[1", "is not a value"),
+        ("micro-batch-size=abc", "--arg micro-batch-size=abc: not a whole number"),
+        ("micro-batch-size=2.0", "--arg micro-batch-size=2.0: not a whole number"),
+        ("lr=.nan", "--arg lr: expected a string, number"),
     ],
 )
 def test_bad_arg_is_refused_before_exploring(cli, arg, message):

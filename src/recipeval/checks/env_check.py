@@ -11,6 +11,7 @@ from typing import Any
 
 from recipeval.atomic import atomic_write_text
 from recipeval.checks import context, layout, memory, rules
+from recipeval.checks.arg_types import integer_flag_checks
 from recipeval.checks.drift import drift_check
 from recipeval.checks.exec_env import exec_env_checks
 from recipeval.checks.sglang_flags import FlagChecker, FlagReport, flag_checks, sglang_words
@@ -88,7 +89,8 @@ def static_checks(
 ) -> list[Check]:
     # The rollout engines' tiling sits beside the layout arithmetic: both are checked before a
     # job starts, so a recipe miles would refuse at start-up fails here (the explorer runs both).
-    checks = layout.arithmetic_checks(subject) + context.rollout_engine_checks(subject)
+    checks = integer_flag_checks(subject)
+    checks += layout.arithmetic_checks(subject) + context.rollout_engine_checks(subject)
     if subject.engine.trainer_stack_checks:
         if validators.megatron is not None:
             checks += layout.megatron_checks(subject, validators.megatron)

@@ -47,6 +47,8 @@ class Subject:
         return self.resolved.args.get(flag, default)
 
     def int_arg(self, flag: str, default: int | None = None) -> int | None:
+        """The flag as a count; `default` when unset or unreadable (args.integers reports
+        an unreadable one)."""
         value = self.arg(flag)
         if value is None or isinstance(value, bool):
             return default

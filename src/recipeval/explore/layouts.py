@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from recipeval.checks import context, layout, memory
+from recipeval.checks.arg_types import INTEGER_FLAGS, reads_as_int
 from recipeval.checks.subject import Subject
 from recipeval.explore.cost import (
     Calibration,
@@ -39,8 +40,9 @@ from recipeval.explore.cost import (
 )
 from recipeval.explore.emit import prepare_folder, write_variant
 from recipeval.recipe import LoadedRecipe
-from recipeval.recipe.load import DERIVED_FLAGS
+from recipeval.recipe.load import DERIVED_FLAGS, validation_messages
 from recipeval.recipe.schema import Cluster, Parallel, Recipe, Sweep
+from recipeval.recipe.yamlfile import key_text
 from recipeval.result import Check
 
 MAX_CP = 8
@@ -421,10 +423,13 @@ def with_args(loaded: LoadedRecipe, changes: dict[str, Any]) -> LoadedRecipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
-        first = str(err).splitlines()
-        raise LayoutError(
-            f"--arg {', '.join(changes)}: not a valid recipe value: {' '.join(first[1:3])}"
-        ) from None
+        loc, message = validation_messages(err)[0]
+        raise LayoutError(f"--arg {key_text(loc).removeprefix('args.')}: {message}") from None
+    for flag, value in changes.items():
+        if flag in INTEGER_FLAGS and value is not None and not reads_as_int(value):
+            raise LayoutError(
+                f"--arg {flag}={value}: not a whole number; the launcher reads it with int()"
+            )
     return dataclasses.replace(loaded, recipe=recipe)
 
 

@@ -289,7 +289,7 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
                     key_text(loc) or None,
                     probe.origin(loc)[1],
                 )
-                for loc, message in _messages(exc)
+                for loc, message in validation_messages(exc)
             ]
         ) from None
     loaded = LoadedRecipe(recipe=recipe, path=file, files=files, origins=loaded_origins)
@@ -299,7 +299,7 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
     return loaded
 
 
-def _messages(exc: ValidationError) -> list[tuple[tuple[Any, ...], str]]:
+def validation_messages(exc: ValidationError) -> list[tuple[tuple[Any, ...], str]]:
     """One message per key. A union (e.g. an `args` value) fails once per member type; those
     collapse into a single 'expected one of' message."""
     by_loc: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
