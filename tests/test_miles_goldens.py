@@ -204,6 +204,7 @@ def test_a_recording_of_the_wrong_shape_is_bad_input_naming_it(cli, tmp_path):
         ("truncated", "{", "Invalid JSON"),
         ("commit", json.dumps({**golden, "commit": 5}), "commit: Input should be a valid string"),
         ("argv", json.dumps({**golden, "argv": "ray -- x"}), "argv: Input should be a valid"),
+        ("no-separator", json.dumps({**golden, "argv": ["ray", "x"]}), "argv has no '--'"),
     ]:
         recording = tmp_path / f"{name}.json"
         recording.write_text(content)

@@ -78,9 +78,15 @@ class Recording:
         from pydantic import TypeAdapter, ValidationError
 
         try:
-            return TypeAdapter(cls).validate_json(path.read_bytes())
+            recording = TypeAdapter(cls).validate_json(path.read_bytes())
         except (ValidationError, OSError) as err:
             raise RecordError(f"recorded launch {path}: {unreadable_reason(err)}") from None
+        if "--" not in recording.argv:
+            raise RecordError(
+                f"recorded launch {path}: argv has no '--'; a recorded `ray job submit` "
+                "command ends its options with '--' before the training command"
+            )
+        return recording
 
 
 def git_commit(checkout: Path) -> str:
