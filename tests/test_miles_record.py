@@ -148,15 +148,20 @@ def test_a_failing_script_is_a_clear_error(checkout):
         record_launch(root, "scripts/run_tiny.py", ["train", "--bogus"], commit="abc1234")
 
 
-def test_import_cli_writes_a_recipe_that_renders_the_launch(cli, checkout, tmp_path):
-    root, marker = checkout
+def _commit(root: Path) -> str:
+    """Make the stand-in checkout a git repository (import records its commit)."""
     git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "tiny"], check=True)
-    commit = subprocess.run(
+    return subprocess.run(
         [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
     ).stdout.strip()
+
+
+def test_import_cli_writes_a_recipe_that_renders_the_launch(cli, checkout, tmp_path):
+    root, marker = checkout
+    commit = _commit(root)
     out = tmp_path / "tiny.yaml"
     base = tmp_path / "base.yaml"
     base.write_text(
@@ -385,3 +390,20 @@ def test_import_refuses_a_script_argument_a_recipe_would_refuse(cli, checkout, t
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "argument 3 '1e-6;x' holds ';'" in proc.stderr
     assert not out.exists() and not marker.exists()
+
+
+def test_import_with_a_name_no_recipe_may_have_names_the_recipe_file(cli, checkout, tmp_path):
+    """The check ran on a temporary copy, and the error named that file, gone by then."""
+    root, _ = checkout
+    _commit(root)
+    out, base = tmp_path / "tiny.yaml", tmp_path / "base.yaml"
+    base.write_text(
+        "model: {name: tiny, layers: 2, hidden_size: 64, attention_heads: 4, "
+        "max_position_embeddings: 128}\n"
+    )
+    argv = ["import", "miles", "scripts/run_tiny.py", "--miles", str(root), "--out", str(out)]
+    proc = cli(*argv, "--extends", str(base), "--name", "bad name;", "--", "train")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"recipeval: {out}:") and "name:" in proc.stderr
+    assert "'bad name;'" in proc.stderr and proc.stderr.count("\n") == 1
+    assert not out.exists() and not list(tmp_path.glob("tmp*.yaml"))

@@ -268,7 +268,7 @@ def import_recipe(request: ImportRequest) -> ImportResult:
     """Record the script's launch, write the recipe (to request.out, if given), load it back
     and compare its render with the recording: `differences` is empty when it round-trips."""
     from recipeval.engines.miles.drift import compare
-    from recipeval.recipe import load_recipe, resolve
+    from recipeval.recipe import InvalidRecipe, load_recipe, resolve
     from recipeval.recipe.load import merged_mapping
     from recipeval.recipe.schema import source_word
 
@@ -307,6 +307,9 @@ def import_recipe(request: ImportRequest) -> ImportResult:
         tmp.write(text)
     try:
         loaded = load_recipe(Path(tmp.name))
+    except InvalidRecipe as err:  # e.g. a --name no recipe may have; name the file it would be
+        shown = str(request.out) if request.out else "the imported recipe"
+        raise ImportProblem(str(err).replace(tmp.name, shown)) from None
     finally:
         Path(tmp.name).unlink()
     if request.out is not None:
