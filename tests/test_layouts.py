@@ -110,6 +110,15 @@ def test_16_gpus_fit_only_with_a_memory_knob_and_the_explorer_names_it(cli, tmp_
         and v.sweep.keys == ["args.optimizer-offload-fraction", "cluster", "parallel"]
         for v in variants
     )
+    # Emitting again with fewer layouts leaves only those: the sweep runs every recipe there.
+    (tmp_path / "emit" / "mine.yaml").write_text("name: mine\n")
+    again = cli(
+        "layouts", str(AMD), "--gpus", "16", "--top", "1",
+        "--arg", f"optimizer-offload-fraction={offload}", "--emit", str(tmp_path / "emit"),
+    )  # fmt: skip
+    assert again.returncode == 0 and "(removed 1 an earlier --emit left there)" in again.stdout
+    assert len([p for p in (tmp_path / "emit").glob("*.yaml") if p.name != "mine.yaml"]) == 1
+    assert (tmp_path / "emit" / "mine.yaml").read_text() == "name: mine\n"
 
 
 @pytest.mark.parametrize(

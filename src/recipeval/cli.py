@@ -704,9 +704,18 @@ def layouts(
             written = emit_layouts(found, loaded, emit, top, changes)
     except (LayoutError, EmitError) as err:
         _die(str(err))
+    _report_emitted(emit, written)
+
+
+def _report_emitted(folder: Path, written: list[Path]) -> None:
+    """Remove what an earlier --emit left there (the sweep would run it), say what is there."""
+    from recipeval.explore.emit import remove_stale_variants
+
+    removed = remove_stale_variants(folder, written)
     print(
-        f"wrote {len(written)} recipe(s) to {emit}; run them with "
-        f"snakemake --config 'recipes={{globs: [], sweeps: [{emit}]}}'"
+        f"wrote {len(written)} recipe(s) to {folder}"
+        + (f" (removed {len(removed)} an earlier --emit left there)" if removed else "")
+        + f"; run them with snakemake --config 'recipes={{globs: [], sweeps: [{folder}]}}'"
     )
 
 
@@ -754,11 +763,7 @@ def ablate(
         ablation = plan(loaded_before, loaded_after, static_judge(), together)
         print("\n".join(plan_lines(ablation)))
         if emit is not None:
-            written = emit_variants(ablation, emit)
-            print(
-                f"wrote {len(written)} recipe(s) to {emit}; run them with "
-                f"snakemake --config 'recipes={{globs: [], sweeps: [{emit}]}}'"
-            )
+            _report_emitted(emit, emit_variants(ablation, emit))
     except (AblationError, EmitError) as err:
         _die(str(err))
 

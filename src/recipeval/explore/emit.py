@@ -51,4 +51,23 @@ def write_variant(
     return path
 
 
-__all__ = ["EmitError", "prepare_folder", "write_variant"]
+def remove_stale_variants(folder: Path, keep: list[Path]) -> list[Path]:
+    """Remove the variants an earlier --emit left in `folder` that this one did not write:
+    the workflow runs every recipe in a sweep folder, so they would run beside the new ones.
+    Only files with a `sweep` block go; anything else a user put there stays."""
+    kept = {path.resolve() for path in keep}
+    removed = []
+    for path in sorted(folder.glob("*.yaml")):
+        if path.resolve() in kept or not path.is_file():
+            continue
+        try:
+            body = yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if isinstance(body, dict) and "sweep" in body:
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+__all__ = ["EmitError", "prepare_folder", "remove_stale_variants", "write_variant"]
