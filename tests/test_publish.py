@@ -252,7 +252,11 @@ def test_shift_stays_reported_names_its_cause_and_ends_when_acknowledged(tmp_pat
     # "What changed" compares with the last run before the change point, not last night's run.
     assert {(c.kind, c.key): c.after for c in v.changes} == {("package", "torch"): "2.9.2"}
     assert v.change_run is not None
+    history.acknowledge(tmp_path / "history", v.recipe, v.change_run, note="torch bump")
     history.acknowledge(tmp_path / "history", v.recipe, v.change_run, note="torch 2.9.2")
+    # The same change acknowledged twice is one entry, with the later note.
+    acks = history.acknowledgements(tmp_path / "history")
+    assert [(a.run_id, a.metric, a.note) for a in acks] == [(v.change_run, None, "torch 2.9.2")]
     _, after = _publish_night(tmp_path, 15, cycle=474 * 1.06 * noise(), packages=bumped)
     assert after.ok and next(iter(after.verdicts.values())).status == "ok"
     _, fast = _publish_night(tmp_path, 16, cycle=474 * 0.80, packages=bumped)

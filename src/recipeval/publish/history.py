@@ -95,8 +95,13 @@ def acknowledge(
             + (", ".join(sorted(run.metrics)) or "none")
         )
     with locked(history):  # read, add, write: concurrent acknowledgements keep each other's
+        # Acknowledging the same change again replaces its entry (and note), not a second copy.
         acks = [
-            *acknowledgements(history),
+            *(
+                ack
+                for ack in acknowledgements(history)
+                if (ack.recipe, ack.run_id, ack.metric) != (recipe, run_id, metric)
+            ),
             Acknowledgement(recipe, run_id, metric, scrub(note, secret_values())),
         ]
         return atomic_write_text(
