@@ -145,10 +145,14 @@ def test_bad_arg_is_refused_before_exploring(cli, arg, message):
         (["--gpus", "-8"], "--gpus -8: give a positive GPU count"),
         (["--nodes", "0"], "--nodes 0: give a positive node count"),
         (["--nodes", "-2"], "--nodes -2: give a positive node count"),
+        (["--gpus", "12"], "--gpus 12 is not a whole number of the recipe's 8-GPU nodes"),
+        (["--gpus", "99999999999999"], "not a whole number of the recipe's 8-GPU nodes"),
     ],
 )
-def test_a_count_under_one_is_refused(cli, argv, message):
-    """0 is a bad count, not "the recipe's own" (which the option left out means)."""
+def test_a_count_the_recipe_cannot_take_is_refused(cli, argv, message):
+    """0 is a bad count, not "the recipe's own" (which the option left out means); GPUs that
+    fill no whole number of the recipe's nodes were explored as one node of them all, or named
+    a --nodes the user never gave."""
     proc = cli("layouts", str(AMD), *argv)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
@@ -255,3 +259,13 @@ def test_a_fixed_layout_engine_sweeps_its_speed_knobs(tmp_path):
     # Each variant sets only what it changes: the bf16 one nothing but train-dtype.
     bf16 = next(p for p in paths if p.stem == "tiny-grpo-cpu--train-dtype-bfloat16")
     assert "args: {train-dtype: bfloat16}" in bf16.read_text()
+
+
+@pytest.mark.parametrize("option", ["--gpus", "--nodes"])
+def test_a_fixed_layout_engine_refuses_a_cluster_size(cli, tmp_path, option):
+    """The knobs are explored on the recipe's own devices; a GPU count was silently ignored."""
+    proc = cli("layouts", str(TINY), option, "4", "--emit", str(tmp_path / "emit"))
+    assert proc.returncode == 2 and f"{option}: the reference engine's layout is fixed" in (
+        proc.stderr
+    ), proc.stderr
+    assert not (tmp_path / "emit").exists()

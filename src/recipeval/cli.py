@@ -679,6 +679,11 @@ def layouts(
         if engine.speed_knobs:
             if changes:
                 _die(f"--arg: the {engine.name} engine's layout is fixed; set flags in the recipe")
+            if gpus is not None or nodes is not None:
+                _die(
+                    f"--{'gpus' if gpus is not None else 'nodes'}: the {engine.name} engine's "
+                    "layout is fixed; its speed knobs are explored on the recipe's own devices"
+                )
             if emit is None:
                 _die(
                     f"{recipe}: the {engine.name} engine's layout is fixed; --emit DIR writes its "

@@ -311,7 +311,14 @@ def explore(
     if nodes is not None and nodes < 1:
         raise LayoutError(f"--nodes {nodes}: give a positive node count")
     if nodes is None:
-        nodes = max(gpus // (recipe.cluster.gpus_per_node or gpus), 1)
+        per_node = recipe.cluster.gpus_per_node or gpus
+        if gpus > per_node and gpus % per_node:
+            # One node of all of them would be a machine the recipe's cluster does not have.
+            raise LayoutError(
+                f"--gpus {gpus} is not a whole number of the recipe's {per_node}-GPU nodes; "
+                "give --nodes too"
+            )
+        nodes = max(gpus // per_node, 1)
     if gpus % nodes:
         raise LayoutError(f"--gpus {gpus} does not split over --nodes {nodes}")
     per_node = gpus // nodes
