@@ -147,6 +147,7 @@ def test_bad_arg_is_refused_before_exploring(cli, arg, message):
         (["--nodes", "-2"], "--nodes -2: give a positive node count"),
         (["--gpus", "12"], "--gpus 12 is not a whole number of the recipe's 8-GPU nodes"),
         (["--gpus", "99999999999999"], "not a whole number of the recipe's 8-GPU nodes"),
+        (["--history", "/etc/hostname"], "--history /etc/hostname: not a folder"),
     ],
 )
 def test_a_count_the_recipe_cannot_take_is_refused(cli, argv, message):

@@ -693,6 +693,8 @@ def layouts(
         else:
             from recipeval.publish import history as run_history
 
+            if history.exists() and not history.is_dir():
+                _die(f"--history {history}: not a folder; name the run history folder")
             runs = run_history.load(history) if history.is_dir() else []
             explored = with_args(loaded, changes)
             found = explore(
