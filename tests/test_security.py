@@ -584,9 +584,9 @@ def wait_for(*names, limit=60.0):
 real_load = history.load
 
 
-def slow_load(folder):
+def slow_load(folder, **options):
     # publish 0 has read the runs, then draws plots while the others publish
-    runs = real_load(folder)
+    runs = real_load(folder, **options)
     (signals / "loaded").touch()
     wait_for(*(f"appended-{k}" for k in range(1, 5)))
     wait_for(*(f"rebuilt-{k}" for k in range(1, 5)), limit=3.0)  # blocked behind a lock
