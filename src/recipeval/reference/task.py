@@ -5,9 +5,10 @@ then EOS. The warm start learns from imperfect demonstrations: with probability 
 answer is written without its leading zeros (`52`, which scores 0), as SFT data mixes styles.
 The policy then keeps a prompt-independent format mistake that GRPO can remove, so reward
 visibly rises within a few dozen steps even for a tiny model (learning more arithmetic would
-take far longer). Operands stay under OPERAND_LIMIT so every answer has the leading zero: with sums of 100
-and more, half the prompts rewarded the opposite habit and the rise (+0.03 to +0.18 over 30-60
-rollouts, depending on seed and CPU kernels) drowned in the reward's step-to-step noise. Reward = characters of the answer matched at their position, divided by the longer of
+take far longer). Operands stay under OPERAND_LIMIT so every answer has the leading zero: with
+sums of 100 and more, half the prompts rewarded the opposite habit and the rise (+0.03 to +0.18
+over 30-60 rollouts, depending on seed and CPU kernels) drowned in the reward's step-to-step
+noise. Reward = characters of the answer matched at their position, divided by the longer of
 answer and response (exact answer: 1.0; `05` : 2/3; `0521`: 3/4), so a person can check any
 number by hand and partial progress is visible to GRPO.
 """

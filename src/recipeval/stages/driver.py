@@ -21,6 +21,7 @@ import pandas as pd
 
 from recipeval.engines.miles.logparse import write_steps
 from recipeval.errors import UsageError
+from recipeval.outpath import output_file_problem
 from recipeval.recipe import resolve
 from recipeval.recipe.facts import recipe_facts
 from recipeval.result import StageResult, now_iso, provenance, read_result, write_result
@@ -100,10 +101,10 @@ def check_outputs(request: StageRequest) -> None:
         return
     stem = glob.escape(path.stem)
     for file in [path, *path.parent.glob(f"{stem}.*"), *path.parent.glob(f".{stem}.*")]:
-        if file.exists() and not file.is_file():
+        problem = output_file_problem(str(file))
+        if problem:
             raise UsageError(
-                f"{file}: exists and is not a regular file (a folder or device), and the "
-                f"{request.stage} stage writes it; move it away or choose another --out"
+                f"{file}: {problem}; the {request.stage} stage writes it (or choose another --out)"
             )
 
 
