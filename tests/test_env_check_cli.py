@@ -117,6 +117,11 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
             "give a folder",
         ),
         (["env-check", str(TINY_RECIPE), "--probe-from", str(TINY_RECIPE)], "not JSON"),
+        # /proc passes the permission check (always as root) and refuses the write itself
+        (
+            ["env-check", "--static", str(TINY_RECIPE), "--out", "/proc/env_check.json"],
+            "cannot write /proc/env_check.",
+        ),
         (
             ["env-check", str(TINY_RECIPE), "--probe-from", str(not_utf8)],
             f"--probe-from {not_utf8}: not UTF-8",

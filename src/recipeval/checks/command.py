@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from recipeval.checks.env_check import env_check, exit_status, report_lines
 from recipeval.errors import UsageError, unreadable_reason
-from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK
+from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 
 
 def _read_probe(path: Path) -> dict | str:
@@ -98,9 +98,13 @@ def env_check_command(
     except UsageError as err:  # --out cannot hold these results
         print(f"recipeval: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except OSError as err:
-        print(f"recipeval: cannot write {out}: {err.strerror or err}", file=sys.stderr)
-        return EXIT_ERROR
+    except OSError as err:  # the folder vanished, a read-only or pseudo file system, a full disk
+        target = err.filename or out
+        print(
+            f"recipeval: cannot write {target}: {err.strerror or err}; choose another --out",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     for line in report.bad_input:
         print(f"recipeval: {line}", file=sys.stderr)
     for result in report.results:
