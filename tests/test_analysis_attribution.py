@@ -59,4 +59,4 @@ def test_per_sample_logprob_averages_each_samples_trained_tokens():
     assert per_sample["mean_abs_diff"].tolist() == pytest.approx([0.75, 0.0, 0.2])
     assert per_sample["mean_diff"].tolist() == pytest.approx([-0.25, 0.0, 0.2])
     d = np.array([0.5, -1.0])
-    assert per_sample["k3_kl"][0] == pytest.approx(float(np.mean(np.exp(d) - d - 1)))
+    assert per_sample["k3_kl"][0] == pytest.approx(float(np.mean(np.exp(-d) + d - 1)))

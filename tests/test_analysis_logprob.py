@@ -58,7 +58,8 @@ def test_constant_offset() -> None:
     assert st.mean_abs_diff == pytest.approx(c)
     assert st.p50_abs_diff == pytest.approx(c) and st.p99_abs_diff == pytest.approx(c)
     assert st.mean_diff == pytest.approx(c)  # rollout above train: positive
-    assert st.k3_kl == pytest.approx(math.exp(c) - c - 1)
+    # miles' KL(rollout || train): exp(x) - 1 - x at x = train - rollout = -c
+    assert st.k3_kl == pytest.approx(math.exp(-c) + c - 1)
     assert st.token_mult_prob_error == pytest.approx(math.exp(c))
     assert st.prob_abs_diff_mean == pytest.approx(math.exp(-1 + c) - math.exp(-1))
     assert st.frac_above_cutoff == 1.0

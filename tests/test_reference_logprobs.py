@@ -5,12 +5,14 @@ different ones when they do not, and a skipped weight sync shows up as a growing
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
 
+from recipeval.analysis.logprob import k3_per_token
 from recipeval.reference.config import EngineConfig, parse_args
-from recipeval.reference.grpo import sample_mean
+from recipeval.reference.grpo import k3_kl, sample_mean
 from recipeval.reference.loop import run
 from recipeval.reference.rollout import RolloutBatch, RolloutWorker
 from recipeval.reference.trainer import Trainer
@@ -66,6 +68,18 @@ def rollout_and_recompute(cfg: EngineConfig) -> tuple[RolloutBatch, Trainer]:
     state = initial_state(cfg, torch.device("cpu"))
     batch = RolloutWorker(cfg, state).generate(0)
     return batch, Trainer(cfg, state)
+
+
+def test_train_rollout_kl_is_miles_kl_of_rollout_against_train():
+    # miles logs compute_approx_kl(rollout, train, "low_var_kl"): exp(x) - 1 - x at
+    # x = train - rollout, x clamped to [-20, 20] and the estimate to [-10, 10]
+    rollout = torch.tensor([-1.0, -0.5, -30.0, -2.0, -0.3])
+    train = torch.tensor([-1.2, -0.5, -1.0, -40.0, -0.1])
+    expected = [math.exp(-0.2) - 0.8, 0.0, 10.0, 10.0, math.exp(0.2) - 1.2]
+    assert k3_kl(rollout, train).tolist() == pytest.approx(expected, rel=1e-5)
+    # the analysis of a token dump reads the same per token (d = rollout - train)
+    d = (rollout - train).numpy().astype(float)
+    assert k3_per_token(d).tolist() == pytest.approx(expected, rel=1e-5)
 
 
 def test_same_dtype_and_attention_agree_to_float32_roundoff(cache_dir):

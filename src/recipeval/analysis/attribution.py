@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from recipeval.analysis.logprob import K3_CLAMP, SAMPLE_KEYS
+from recipeval.analysis.logprob import SAMPLE_KEYS, k3_per_token
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def per_sample_logprob(tokens: pd.DataFrame) -> pd.DataFrame:
         {
             "mean_abs_diff": np.abs(d),
             "mean_diff": d,
-            "k3_kl": np.clip(np.exp(d) - d - 1, -K3_CLAMP, K3_CLAMP),
+            "k3_kl": k3_per_token(d),
         },
         index=pd.MultiIndex.from_frame(masked[SAMPLE_KEYS]),
     )

@@ -4,13 +4,14 @@ the engine makes no dump. Pure functions over pandas tables.
 A token table has one row per response token: rollout_id, sample, position (0-based within the
 response), token_id, logp_rollout (the rollout engine's logprob of the sampled token),
 logp_train (the trainer's recompute), loss_mask (1 where the token counts). d is
-logp_rollout - logp_train, the sign miles uses for its k3 KL.
+logp_rollout - logp_train.
 
 Definitions follow the anchors so their thresholds apply unchanged:
 - miles `train/train_rollout_logprob_abs_diff`: the masked mean of |d| per sample, averaged
   over samples (`mean_abs_diff`); the flat token mean is `token_mean_abs_diff`.
-- miles `train/train_rollout_kl`: k3 = exp(d) - d - 1 per token, clamped to [-10, 10], then
-  per-sample mean averaged over samples (`k3_kl`).
+- miles `train/train_rollout_kl`: KL(rollout || train) by the k3 estimator of its
+  compute_approx_kl(rollout, train, "low_var_kl"), exp(-d) + d - 1 per token (d clamped to
+  [-20, 20], the estimate to [-10, 10]), then per-sample mean averaged over samples (`k3_kl`).
 - miles `--ci-test` at rollout 0: |mean rollout/log_probs - mean rollout/rollout_log_probs|
   <= 0.03 (`first_rollout_abs_mean_diff`, the same per-sample-mean reduction).
 - NeMo-RL `token_mult_prob_error`: the masked mean over tokens of exp(|d|); <= 1.05.
@@ -40,6 +41,7 @@ TOKEN_COLUMNS = (
 SAMPLE_KEYS = ["rollout_id", "sample"]
 TOKEN_KEYS = ["rollout_id", "sample", "position"]
 K3_CLAMP = 10.0
+LOG_RATIO_CLAMP = 20.0
 # A token whose probability differs by more than NeMo-RL's 1.05 factor between the two paths.
 DEFAULT_ABS_DIFF_CUTOFF = math.log(1.05)
 # Response-position bucket edges: fine at the start, doubling towards an 8k (and longer) context.
@@ -95,6 +97,12 @@ class DiffStats:
         return dict(self.__dict__)
 
 
+def k3_per_token(d: np.ndarray) -> np.ndarray:
+    """miles' train_rollout_kl per token for d = logp_rollout - logp_train (module docstring)."""
+    x = -np.clip(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return np.clip(np.exp(x) - 1 - x, -K3_CLAMP, K3_CLAMP)
+
+
 def _per_sample_mean(values: np.ndarray, sample_ids: np.ndarray) -> float:
     """Mean over samples of each sample's mean (the reduction miles logs)."""
     if len(values) == 0:
@@ -115,7 +123,7 @@ def diff_stats(
     abs_d = np.abs(d)
     sample_key = pd.factorize(pd.MultiIndex.from_frame(masked[SAMPLE_KEYS]))[0]
     n = len(d)
-    k3 = np.clip(np.exp(d) - d - 1, -K3_CLAMP, K3_CLAMP)
+    k3 = k3_per_token(d)
     in_first = (masked["rollout_id"] == masked["rollout_id"].min()).to_numpy(bool)
     quantiles = np.quantile(abs_d, [0.5, 0.99]) if n else [math.nan, math.nan]
     spearman = math.nan

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-KL_CLAMP = 10.0
+KL_CLAMP = 10.0  # miles clamps the low_var_kl estimate per token
+LOG_RATIO_CLAMP = 20.0  # ...and the log ratio before exp (miles #1363)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -30,10 +31,12 @@ def sample_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
 
 
-def k3_kl(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
-    """k3 estimator exp(d) - d - 1 with d = logp_a - logp_b, clamped per token to [-10, 10]."""
-    d = (logp_a - logp_b).clamp(-KL_CLAMP, KL_CLAMP)
-    return (torch.exp(d) - d - 1).clamp(-KL_CLAMP, KL_CLAMP)
+def k3_kl(log_probs: torch.Tensor, log_probs_base: torch.Tensor) -> torch.Tensor:
+    """miles' compute_approx_kl(log_probs, log_probs_base, "low_var_kl"), the k3 estimator of
+    KL(log_probs || base): exp(x) - 1 - x with x = log_probs_base - log_probs clamped to
+    [-20, 20], the estimate clamped per token to [-10, 10]."""
+    x = (log_probs_base - log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return (torch.exp(x) - 1 - x).clamp(-KL_CLAMP, KL_CLAMP)
 
 
 def policy_loss(

@@ -147,7 +147,7 @@ class Trainer:
             pg_loss = grpo.sample_mean(token_loss, m)
             loss = pg_loss
             if ref_logp is not None:
-                kl_loss = grpo.sample_mean(grpo.k3_kl(ref_logp[part], logp), m)
+                kl_loss = grpo.sample_mean(grpo.k3_kl(logp, ref_logp[part]), m)
                 loss = loss + config.kl_loss_coef * kl_loss
                 sums["kl_loss"] += kl_loss.sum().item()
             (loss.sum() / n).backward()
