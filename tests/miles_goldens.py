@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from conftest import RECIPES, REPO
 
-from recipeval.engines.miles.flags import Difference, launch_differences
+from recipeval.engines.miles.flags import Difference, differences, launch_differences
 from recipeval.engines.miles.record import MILES_PLACEHOLDER, Recording
 from recipeval.recipe import InvalidRecipe, load_recipe
 
@@ -37,14 +37,20 @@ def allowed(recipe: str) -> dict[str, str]:
 
 
 def label(d: Difference) -> str:
-    return f"flag --{d.name}" if d.kind == "flag" else f"env {d.name}"
+    if d.kind == "flag":
+        return f"flag --{d.name}"
+    return f"client-env {d.name}" if d.kind == "client_env" else f"env {d.name}"
 
 
 def differences_from_golden(launch: dict, golden: Recording) -> list[Difference]:
-    """A `render --format json` launch against a golden, flag by flag and env var by env var."""
-    return launch_differences(
-        golden.entrypoint,
-        golden.runtime_env,
-        launch["entrypoint"],
-        launch["runtime_env"]["env_vars"],
-    )
+    """A `render --format json` launch against a golden, flag by flag and env var by env var,
+    then the variables exported for the submit itself."""
+    return [
+        *launch_differences(
+            golden.entrypoint,
+            golden.runtime_env,
+            launch["entrypoint"],
+            launch["runtime_env"]["env_vars"],
+        ),
+        *differences("client_env", golden.client_env, launch["client_env"]),
+    ]

@@ -107,6 +107,33 @@ def test_checkout_paths_come_from_the_environment(cli):
     assert not any(a.startswith("--address") for a in launch["argv"])
 
 
+def test_launcher_environment_follows_miles(cli, tmp_path):
+    """What miles' execute_train adds around the recipe's env: the submitter's NCCL_DEBUG_FILE
+    and PYTHONPATH (after the job's own), no CUDA_DEVICE_MAX_CONNECTIONS under FSDP, and
+    no_proxy / PYTHONUNBUFFERED exported for `ray job submit` itself."""
+    launch = _render(
+        cli,
+        PR_RECIPE,
+        env=clean_env(
+            MILES_DIR="/opt/miles",
+            MEGATRON_PATH="/opt/mlm",
+            NCCL_DEBUG_FILE="/tmp/nccl.%h.%p",
+            PYTHONPATH="/site/extra",
+        ),
+    )
+    env = launch["runtime_env"]["env_vars"]
+    assert env["NCCL_DEBUG_FILE"] == "/tmp/nccl.%h.%p"
+    assert env["PYTHONPATH"] == "/opt/miles:/opt/mlm:/site/extra"
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert launch["client_env"] == {"no_proxy": "127.0.0.1", "PYTHONUNBUFFERED": "1"}
+    script = cli("render", str(PR_RECIPE)).stdout
+    exports = script.index("export no_proxy=127.0.0.1")
+    assert "export PYTHONUNBUFFERED=1" in script and exports < script.index("ray job submit")
+    fsdp = tmp_path / "fsdp.yaml"
+    fsdp.write_text(f"extends: {PR_RECIPE}\nargs: {{train-backend: fsdp}}\n")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in _render(cli, fsdp)["runtime_env"]["env_vars"]
+
+
 def test_missing_checkout_path_is_a_clear_error(cli, tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"extends: {PR_RECIPE}\npaths: {{miles: null}}\n")

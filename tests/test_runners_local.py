@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -42,6 +43,11 @@ def test_streams_lines_passes_env_and_quotes_nothing_through_a_shell(tmp_path):
     assert json.loads(argv_line[5:]) == words
     assert "ENV from-recipe" in lines
     assert not list(tmp_path.glob("pwned*"))
+    # what the launcher exports for the submit itself (miles: no_proxy) reaches the process too
+    launch = replace(python_launch(ECHO_ARGV), client_env={"RECIPEVAL_TEST_VALUE": "for-submit"})
+    lines.clear()
+    assert LocalRunner().run(launch, lines.append, timeout=60).ok
+    assert "ENV for-submit" in lines
 
 
 def test_entrypoint_for_ray_jobs_quotes_every_word():

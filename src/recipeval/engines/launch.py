@@ -26,7 +26,9 @@ class Resources:
 @dataclass(frozen=True)
 class Launch:
     """argv runs the job from a login shell (for miles: `ray job submit ... -- python3 train.py`);
-    entrypoint + runtime_env are the same job as a Ray Jobs client submits it."""
+    entrypoint + runtime_env are the same job as a Ray Jobs client submits it. client_env is
+    what the launcher exports for argv's own process (miles: no_proxy and PYTHONUNBUFFERED
+    for `ray job submit`), on top of the caller's environment and `env`."""
 
     argv: list[str]
     env: dict[str, str]
@@ -38,6 +40,7 @@ class Launch:
     stage: str | None = None
     variant: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    client_env: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False)
@@ -54,6 +57,7 @@ class Launch:
         ]
         if self.argv == self.entrypoint:
             lines += [f"export {shlex.quote(k)}={shlex.quote(v)}" for k, v in self.env.items()]
+        lines += [f"export {shlex.quote(k)}={shlex.quote(v)}" for k, v in self.client_env.items()]
         env_file = self.extra.get(RUNTIME_ENV_FILE)
         if env_file:
             # One line of ASCII JSON can never equal the quoted heredoc's end word.

@@ -113,7 +113,7 @@ class LocalRunner(Runner):
         timeout: float | None = None,
         stop: threading.Event | None = None,
     ) -> RunResult:
-        env = {**os.environ, **launch.env}
+        env = {**os.environ, **launch.env, **launch.client_env}
         try:
             env_file = write_runtime_env(launch)
         except OSError as err:

@@ -51,11 +51,15 @@ def _number(word: str) -> float | None:
         return None
 
 
+# A training flag, a variable of the job's env, or one the launcher exports for the submit.
+DifferenceKind = Literal["flag", "env", "client_env"]
+
+
 @dataclass(frozen=True)
 class Difference:
     """One flag or env var that is not the same in `expected` (e.g. upstream) and `actual`."""
 
-    kind: Literal["flag", "env"]
+    kind: DifferenceKind
     name: str
     change: Literal["added", "removed", "changed"]
     expected: FlagValue | None
@@ -79,7 +83,7 @@ def _show(value: FlagValue | None) -> str:
 
 
 def differences(
-    kind: Literal["flag", "env"], expected: dict[str, FlagValue], actual: dict[str, FlagValue]
+    kind: DifferenceKind, expected: dict[str, FlagValue], actual: dict[str, FlagValue]
 ) -> list[Difference]:
     """What `actual` adds, lacks and changes relative to `expected`, in a stable order."""
     out = []
@@ -94,7 +98,7 @@ def differences(
 
 
 def _difference(
-    kind: Literal["flag", "env"],
+    kind: DifferenceKind,
     name: str,
     change: Literal["added", "removed", "changed"],
     expected: FlagValue | None,

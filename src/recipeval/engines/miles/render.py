@@ -26,6 +26,17 @@ from recipeval.recipe.load import recipe_sha256
 from recipeval.recipe.resolve import Resolved
 
 DEFAULT_DASHBOARD = "http://127.0.0.1:8265"
+# What miles' launcher exports for `ray job submit` itself: the submit to the local dashboard
+# must not go through a proxy the node has set.
+SUBMIT_ENV = {"no_proxy": "127.0.0.1", "PYTHONUNBUFFERED": "1"}
+# Variables miles' launcher copies from the submitting environment into the job's.
+PASSED_THROUGH = (
+    "NCCL_NVLS_ENABLE",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_DEBUG",
+    "NCCL_DEBUG_FILE",
+)
 
 
 def _checkout(resolved: Resolved, environ: Mapping[str, str], var: str, key: str) -> str:
@@ -43,19 +54,20 @@ def runtime_env_vars(resolved: Resolved, environ: Mapping[str, str]) -> dict[str
     miles = _checkout(resolved, environ, "MILES_DIR", "miles")
     megatron = _checkout(resolved, environ, "MEGATRON_PATH", "megatron")
     master_addr = environ.get("MASTER_ADDR", "127.0.0.1")
+    # miles leaves this out for FSDP, where it spoils the overlap of compute and communication
+    fsdp = resolved.args.get("train-backend") == "fsdp"
     env = {
         "PYTHONUNBUFFERED": "1",
-        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
-        **{
-            k: environ[k]
-            for k in ("NCCL_NVLS_ENABLE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG")
-            if k in environ
-        },
+        **({} if fsdp else {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}),
+        **{k: environ[k] for k in PASSED_THROUGH if k in environ},
         "no_proxy": f"127.0.0.1,{master_addr}",
         "MASTER_ADDR": master_addr,
         **resolved.env,
     }
-    pythonpath = [miles, megatron] + [p for p in resolved.env.get("PYTHONPATH", "").split(":") if p]
+    # miles' order: its checkout, Megatron, the job's own PYTHONPATH, then the submitter's
+    pythonpath = [miles, megatron]
+    for extra in (resolved.env.get("PYTHONPATH", ""), environ.get("PYTHONPATH", "")):
+        pythonpath += [p for p in extra.split(":") if p]
     env["PYTHONPATH"] = ":".join(dict.fromkeys(pythonpath))
     return env
 
@@ -101,4 +113,5 @@ def render(
         stage=resolved.stage,
         variant=resolved.variant,
         extra={RUNTIME_ENV_FILE: str(runtime_env_file)},
+        client_env=dict(SUBMIT_ENV),
     )
