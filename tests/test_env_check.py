@@ -109,6 +109,7 @@ EXPECTED = {
     "batch-steps-not-whole": ("batch.steps-per-rollout", "args.num-steps-per-rollout", "error"),
     "micro-batches-not-whole": ("megatron.microbatches", "args.micro-batch-size", "error"),
     "count-flag-not-a-number": ("args.integers", "args.n-samples-per-prompt", "error"),
+    "rollout-count-not-whole": ("args.integers", "args.num-rollout", "error"),
 }
 # What megatron-core itself says about the layout variants (its exception, on the recipe key).
 MEGATRON_VERDICTS = {

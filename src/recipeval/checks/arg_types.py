@@ -16,6 +16,7 @@ INTEGER_FLAGS = (
     "micro-batch-size",
     "max-tokens-per-gpu",
     "n-samples-per-prompt",
+    "num-rollout",
     "num-steps-per-rollout",
     "rollout-batch-size",
     "rollout-max-context-len",
