@@ -155,6 +155,7 @@ def test_scalar_stats_from_a_step_table() -> None:
     assert st.mean_abs_diff == pytest.approx(0.05) and st.max_abs_diff == pytest.approx(0.06)
     assert st.k3_kl == pytest.approx(0.002)
     assert st.first_rollout_abs_mean_diff == pytest.approx(0.02)
+    assert st.worst_rollout_abs_mean_diff == pytest.approx(0.05)
     assert math.isnan(scalar_stats(pd.DataFrame({"x": [1.0]})).mean_abs_diff)
 
 

@@ -36,6 +36,7 @@ LOGPROB_STATISTICS = (
     "prob_abs_diff_mean",
     "token_mean_abs_diff",
     "token_mult_prob_error",
+    "worst_rollout_abs_mean_diff",
     "rollout_growth",
 )
 ABS_DIFF_CUTOFF = "abs_diff_cutoff"

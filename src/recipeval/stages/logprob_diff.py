@@ -6,8 +6,9 @@ logprob statistics (analysis.logprob): from the engine's per-token dump where it
 Verdicts per variant, against the anchors' limits (overridable in stages.logprob_diff
 .thresholds; any statistic may be given a limit there, `abs_diff_cutoff` sets the |d| cutoff
 of frac_above_cutoff):
-- first_rollout_abs_mean_diff <= 0.03 (miles --ci-test at rollout 0, same weights on both
-  sides, so any gap is numerics);
+- worst_rollout_abs_mean_diff <= 0.03 (miles --ci-test, which checks every rollout) and
+  first_rollout_abs_mean_diff <= 0.03 (the same limit at rollout 0, same weights on both sides,
+  so any gap is numerics);
 - token_mult_prob_error <= 1.05 and prob_abs_diff_mean <= 0.01 at the worst rollout (NeMo-RL
   and verl watch these at every step);
 - rollout_growth: no rollout's mean |d| may exceed rollout 0's by more than miles' own history
@@ -285,10 +286,12 @@ def judge_variant(
         values = overall.to_dict()
         for key in WORST_ROLLOUT_CHECKS:
             values[key] = float(rollouts[key].max())
+        values["worst_rollout_abs_mean_diff"] = float(rollouts["mean_diff"].abs().max())
         summary: dict[str, Any] = {
             "source": "token dump",
             **overall.to_dict(),
             **{f"worst_rollout_{k}": values[k] for k in WORST_ROLLOUT_CHECKS},
+            "worst_rollout_abs_mean_diff": values["worst_rollout_abs_mean_diff"],
         }
         growth = rollouts.set_index("rollout_id")["mean_abs_diff"]
         samples = lc.per_sample_abs_diff(run.tokens)
