@@ -9,13 +9,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import PR_RECIPE
 
+from recipeval.engines.miles import log_parser
 from recipeval.engines.miles.logparse import (
     MilesLogParser,
+    ParsedLog,
     parse_lines,
     parse_log,
     parse_metric_dict,
 )
+from recipeval.recipe import load_recipe, resolve
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 RECIPEVAL = str(Path(sys.executable).parent / "recipeval")
@@ -355,3 +359,40 @@ def test_inference_holds_when_generation_runs_ahead_or_the_critic_trains_alone()
 def test_a_nan_step_counter_falls_back_to_the_line_id():
     parsed = parse_lines(["step 3: {'train/loss': 0.5, 'train/step': nan}"])
     assert list(parsed.optimizer_steps["step"]) == [3]
+
+
+def _dynamic_batch_log() -> list[str]:
+    """miles' lines for three rollouts of 3, 2 and 1 optimizer steps (a dynamic global batch
+    size): the step id is rollout_id * <that rollout's steps> + step_id, so ids 2 and 3 come
+    again, and miles logs each step twice (log_utils.py and model.py)."""
+    head = (
+        "(MegatronTrainRayActor pid=1, ip=10.0.0.2) [2026-08-05 09:{:02d}:00.000 actor_cell0_rank0]"
+    )
+    lines = []
+    for rollout_id, steps in enumerate((3, 2, 1)):
+        minute = 10 * rollout_id
+        lines.append(f"{head.format(minute)} log_utils.py:123 - rollout {rollout_id}: {{}}")
+        for step_id in range(steps):
+            accumulated = rollout_id * steps + step_id
+            values = {"train/loss": 10.0 * rollout_id + step_id, "train/step": accumulated}
+            for where in ("log_utils.py:542", "model.py:854"):
+                lines.append(f"{head.format(minute + 1)} {where} - step {accumulated}: {values}")
+        perf = {"perf/step_time": 60.0}
+        lines.append(f"{head.format(minute + 2)} log_utils.py:542 - perf {rollout_id}: {perf}")
+    return lines
+
+
+def test_steps_of_a_dynamic_global_batch_go_to_the_rollout_they_were_logged_under(tmp_path):
+    parsed = ParsedLog.of(MilesLogParser(variable_steps=True).feed_all(_dynamic_batch_log()))
+    assert parsed.steps["train/loss"].tolist() == [1.0, 10.5, 20.0]
+    per_step = parsed.optimizer_steps
+    assert per_step["rollout_id"].tolist() == [0, 0, 0, 1, 1, 2]
+    assert per_step["train/step"].tolist() == [0, 1, 2, 2, 3, 2]
+    assert parsed.steps_per_rollout is None
+    # read by step id alone, rollout 1's first step overwrites rollout 0's last
+    assert parse_lines(_dynamic_batch_log()).steps["train/loss"].tolist() != [1.0, 10.5, 20.0]
+    # the stages' parser turns this on from the recipe's flags
+    recipe = tmp_path / "dynamic.yaml"
+    recipe.write_text(f"extends: {PR_RECIPE}\nargs: {{use-dynamic-global-batch-size: true}}\n")
+    assert log_parser(resolve(load_recipe(recipe).recipe)).variable_steps
+    assert not log_parser(resolve(load_recipe(PR_RECIPE).recipe)).variable_steps

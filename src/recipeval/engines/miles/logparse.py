@@ -15,6 +15,12 @@ What the trainers write (facts from their sources; loglines.py reads one record)
   with their rollout id (the rollout manager's perf lines say nothing here: asynchronous runs
   log them ahead); the inferred value is the one that files the most of those steps under the
   right rollout (1 when the log holds no such line).
+  With a dynamic global batch size (`variable_steps`: --use-dynamic-global-batch-size,
+  --allow-partial-train-step; miles' multi-LoRA turns the first on itself) each rollout has its
+  own number of steps, and miles still writes `rollout_id * <this rollout's steps> + step_id`:
+  ids skip and repeat across rollouts. Then a step is filed under the rollout it was logged
+  under, and two lines are one step only when they share the id and that rollout; the
+  per-step table numbers the steps in log order (`train/step` keeps miles' id).
 - `perf N`, `rollout N`, `eval N`, `multi_turn N`, `passrate N`: one line per rollout id N
   (perf comes twice: from the rollout manager and from the trainer; their keys differ).
 
@@ -144,9 +150,11 @@ def infer_steps_per_rollout(pairs: dict[int, int]) -> int:
 @dataclass
 class MilesLogParser:
     """Incremental parser: feed lines as they arrive (a runner streams them), read the tables
-    at any time. steps_per_rollout: the recipe's num-steps-per-rollout; None infers it."""
+    at any time. steps_per_rollout: the recipe's num-steps-per-rollout; None infers it.
+    variable_steps: the number of steps differs between rollouts (module docstring)."""
 
     steps_per_rollout: int | None = None
+    variable_steps: bool = False
     lines: int = 0
     # per rollout id: values of its own lines, the time of its latest line (eval left out) and
     # of the trainer's perf line that closes it
@@ -166,6 +174,12 @@ class MilesLogParser:
     _pending: _Pending | None = field(default=None, init=False, repr=False)
     _open_rollout: int | None = field(default=None, init=False, repr=False)
     _unclosed_steps: list[int] = field(default_factory=list, init=False, repr=False)
+    # variable_steps: a step's number in log order, by (rollout it was logged under, or the
+    # count of closed rollouts before it when none was open; miles' id)
+    _step_keys: dict[tuple[int | str, int], int] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    _closes: int = field(default=0, init=False, repr=False)
     # the inferred steps per rollout, and the count of changes to _step_rollouts it saw
     _pairs_changed: int = field(default=0, init=False, repr=False)
     _inferred: tuple[int, int] = field(default=(-1, 1), init=False, repr=False)
@@ -288,6 +302,9 @@ class MilesLogParser:
     def _step(self, step_id: int, values: dict[str, float], stamp: pd.Timestamp | None) -> int:
         logged = values.get("train/step", math.nan)
         step = int(logged) if math.isfinite(logged) else step_id
+        if self.variable_steps:
+            under = self._open_rollout if self._open_rollout is not None else f"c{self._closes}"
+            step = self._step_keys.setdefault((under, step), len(self._step_keys))
         self._step_metrics.setdefault(step, {}).update(values)
         if stamp is not None:
             seen = self._step_stamps.get(step)
@@ -296,10 +313,21 @@ class MilesLogParser:
             self._step_rollouts[step] = self._open_rollout
             self._pairs_changed += 1
         self._unclosed_steps.append(step)
+        if self.variable_steps:
+            return self._rollout_of(step, 1)
         if self.steps_per_rollout is not None:
             return step // self.steps_per_rollout
         # the rollout it was logged under; inferring k on every line would cost O(steps)
         return self._step_rollouts.get(step, step // self._inferred[1])
+
+    def _rollout_of(self, step: int, per_rollout: int) -> int:
+        """The rollout a step is filed under: its id // steps per rollout, or with
+        variable_steps the rollout it was logged under (else the latest rollout seen)."""
+        if not self.variable_steps:
+            return step // per_rollout
+        if step in self._step_rollouts:
+            return self._step_rollouts[step]
+        return max(self._rollout_metrics, default=0)
 
     def _rollout_line(
         self, kind: str, rollout_id: int, values: dict[str, float], stamp: pd.Timestamp | None
@@ -317,6 +345,7 @@ class MilesLogParser:
             self._pairs_changed += len(self._unclosed_steps)
             self._unclosed_steps.clear()
             self._open_rollout = None
+            self._closes += 1
         if stamp is not None and kind != "eval":
             seen = self._latest.get(rollout_id)
             self._latest[rollout_id] = stamp if seen is None else max(seen, stamp)
@@ -355,7 +384,9 @@ class MilesLogParser:
         frame.insert(
             0,
             ROLLOUT_ID,
-            pd.Series([i // per_rollout for i in ids], index=frame.index, dtype="int64"),
+            pd.Series(
+                [self._rollout_of(i, per_rollout) for i in ids], index=frame.index, dtype="int64"
+            ),
         )
         frame.index = pd.Index(ids, name=OPTIMIZER_STEP, dtype="int64")
         return frame.reset_index()
@@ -364,7 +395,9 @@ class MilesLogParser:
         """One row per rollout id (sorted): `rollout_id`, `timestamp` (end of the rollout),
         `cycle_time` (see the module docstring), metric columns sorted by name."""
         per_rollout = self.steps_per_rollout_in_use()
-        rolled = _rollup_steps(self._step_metrics, per_rollout)
+        rolled = _rollup_steps(
+            self._step_metrics, {s: self._rollout_of(s, per_rollout) for s in self._step_metrics}
+        )
         ids = sorted({*self._rollout_metrics, *rolled})
         # a key both kinds log (none in miles or slime) is taken from the per-rollout line
         frame = _metric_frame(
@@ -382,7 +415,7 @@ class MilesLogParser:
         """Per rollout id: the trainer's closing perf line, else its latest line or step."""
         latest = dict(self._latest)
         for step, stamp in self._step_stamps.items():
-            rollout_id = step // per_rollout
+            rollout_id = self._rollout_of(step, per_rollout)
             latest[rollout_id] = max(latest.get(rollout_id, stamp), stamp)
         return [self._closed_at.get(i, latest.get(i, pd.NaT)) for i in ids]
 
@@ -396,13 +429,14 @@ def _metric_frame(metrics: dict[int, dict[str, float]], ids: list[int]) -> pd.Da
 
 
 def _rollup_steps(
-    metrics: dict[int, dict[str, float]], per_rollout: int
+    metrics: dict[int, dict[str, float]], rollout_of: dict[int, int]
 ) -> dict[int, dict[str, float]]:
-    """The optimizer steps folded to one row per rollout id, each key as ROLLUP says, over
-    the steps that logged it (a nan or inf among them stays in a mean: never hidden)."""
+    """The optimizer steps folded to one row per rollout id (`rollout_of` each step's), each
+    key as ROLLUP says, over the steps that logged it (a nan or inf among them stays in a
+    mean: never hidden)."""
     logged: dict[int, dict[str, list[float]]] = {}
     for step in sorted(metrics):
-        row = logged.setdefault(step // per_rollout, {})
+        row = logged.setdefault(rollout_of[step], {})
         for key, value in metrics[step].items():
             row.setdefault(key, []).append(value)
     return {
@@ -452,7 +486,7 @@ class ParsedLog:
             parser.malformed,
             parser.optimizer_steps(),
             parser.counts,
-            parser.steps_per_rollout_in_use(),
+            None if parser.variable_steps else parser.steps_per_rollout_in_use(),
         )
 
 
