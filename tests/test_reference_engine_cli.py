@@ -90,6 +90,7 @@ STEP_KEYS = {
     "train/train_rollout_logprob_abs_diff",
     "train/train_rollout_kl",
     "train/grad_norm",
+    "train/lr-pg_0",  # miles: one learning rate per param group; the rollup keeps the last
 }
 
 

@@ -187,7 +187,7 @@ class Trainer:
             "train/train_rollout_logprob_abs_diff": per_sample(diff.abs()),
             "train/train_rollout_kl": per_sample(grpo.k3_kl(rollout_logp, old_logp)),
             "train/grad_norm": float(grad_norm),
-            "train/lr": config.lr,
+            "train/lr-pg_0": config.lr,  # miles logs one rate per param group
         }
         if ref_logp is not None:
             step_metrics["train/kl_loss"] = sums["kl_loss"] / n
