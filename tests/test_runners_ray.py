@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -203,3 +206,46 @@ def test_private_head_works_when_a_ray_auth_token_exists(tmp_path, monkeypatch):
     assert [
         p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])
     ] == []
+
+
+# A stage process that starts a private head the way a stage does, inside the signal handling.
+STARTS_A_HEAD = """
+from recipeval.runners.base import stop_job_on_termination
+from recipeval.runners.ray import RayRunner
+with stop_job_on_termination(), RayRunner():
+    pass
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_a_stage_stopped_while_its_private_head_starts_leaves_no_ray_process(signum):
+    """The head is up to minutes from answering, and no job exists yet to guard it: Ctrl-C,
+    SIGTERM and kill -9 in that window used to leave the whole head running."""
+    tmp = Path(tempfile.mkdtemp(prefix="rvk", dir="/tmp"))  # Ray's socket paths must stay short
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", ray_head.STATE_DIR_ENV)}
+    stage = subprocess.Popen([sys.executable, "-c", STARTS_A_HEAD], env={**env, "TMPDIR": str(tmp)})
+    head_log = tmp / f"recipeval-ray-{os.getuid()}" / f"ray-head-{stage.pid}.log"
+
+    def of_this_head() -> list[psutil.Process]:
+        return [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if str(tmp) in " ".join(p.info["cmdline"] or [])
+        ]
+
+    try:
+        deadline = time.monotonic() + 60
+        while not (head_log.exists() and len(of_this_head()) > 2):
+            assert stage.poll() is None and time.monotonic() < deadline, "the head never started"
+            time.sleep(0.1)
+        stage.send_signal(signum)
+        stage.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while of_this_head():
+            assert time.monotonic() < deadline, [p.info["cmdline"][:3] for p in of_this_head()]
+            time.sleep(0.5)
+    finally:
+        stage.kill()
+        for leftover in of_this_head():  # a failed run must not leak the head into the suite
+            leftover.kill()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -3,8 +3,9 @@
 Address: RAY_ADDRESS when set (a dashboard address such as http://head:8265), else an
 embedded head this runner starts (see ray_head: private, or shared through
 RECIPEVAL_RAY_STATE_DIR). The Jobs API runs `entrypoint` through a shell, so the entrypoint
-string is built with every word quoted (shlex.join): a recipe value is never shell text. A
-watchdog process (watchdog.py) stops the job, and a private head, if this process is killed.
+string is built with every word quoted (shlex.join): a recipe value is never shell text.
+Watchdog processes (watchdog.py) stop the job, and a private head from the moment it starts,
+if this process is killed.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class RayRunner(Runner):
         self.grace = grace
         self._private_head: ray_head.HeadState | None = None
         self._shared_head: ray_head.HeadState | None = None
+        self._head_watchdog: subprocess.Popen | None = None
         self.address = address or os.environ.get("RAY_ADDRESS") or self._embedded_address()
 
     def _embedded_address(self) -> str:
@@ -58,8 +60,26 @@ class RayRunner(Runner):
             self._shared_head = ray_head.shared_head(Path(state_dir))
             return self._shared_head.dashboard
         private_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"recipeval-ray-{os.getuid()}"
-        self._private_head = ray_head.start_head(private_dir)
+        try:
+            self._private_head = ray_head.start_head(private_dir, on_spawn=self._guard_head)
+        except BaseException:  # start_head stopped the head; its guard has nothing left to do
+            self._unguard_head()
+            raise
         return self._private_head.dashboard
+
+    def _guard_head(self, head: ray_head.HeadState) -> None:
+        """A watchdog that stops the private head if this process is killed (kill -9), from
+        its first second: the head can take minutes to answer, and its start is no job yet."""
+        try:
+            self._head_watchdog = start_watchdog("--ray-head", json.dumps(asdict(head)))
+        except OSError as err:
+            raise RunnerError(f"cannot start the watchdog that guards the Ray head: {err}") from err
+
+    def _unguard_head(self) -> None:
+        if self._head_watchdog is not None:
+            self._head_watchdog.kill()
+            self._head_watchdog.wait()
+            self._head_watchdog = None
 
     def describe(self) -> dict[str, object]:
         own = self._private_head or self._shared_head
@@ -75,6 +95,7 @@ class RayRunner(Runner):
         if self._private_head is not None:
             ray_head.stop_head(self._private_head)
             self._private_head = None
+        self._unguard_head()
 
     def run(
         self,
@@ -140,11 +161,10 @@ class RayRunner(Runner):
         )
 
     def _watch(self, job_id: str) -> subprocess.Popen:
-        """A watchdog that stops the job (and our private head) if this process is killed
-        without a chance to do it itself (kill -9)."""
-        private = [json.dumps(asdict(self._private_head))] if self._private_head else []
+        """A watchdog that stops the job if this process is killed without a chance to do it
+        itself (kill -9); a private head has its own (_guard_head)."""
         try:
-            return start_watchdog("--ray-job", self.address, job_id, *private)
+            return start_watchdog("--ray-job", self.address, job_id)
         except OSError as err:
             from ray.job_submission import JobSubmissionClient
 

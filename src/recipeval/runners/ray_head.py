@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -103,11 +103,14 @@ def start_head(
     node_name: str | None = None,
     launcher: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    on_spawn: Callable[[HeadState], None] | None = None,
 ) -> HeadState:
     """Start a head (GPUs/CPUs autodetected unless given) and wait until its dashboard answers.
     `launcher` prefixes the command (e.g. `srun ... --overlap` to run the head as a job step);
     the recorded pid is then the launcher's, and the head dies with it. `env`: the head's
-    environment (default: this process's)."""
+    environment (default: this process's). `on_spawn` gets the head's state as soon as it is
+    started, before the wait (to guard or record it). A head that fails to come up, or whose
+    start is interrupted (Ctrl-C, SIGTERM), is stopped before this returns or raises."""
     pin_auth_mode()
     state_dir.mkdir(parents=True, exist_ok=True)
     # Ray's unix socket paths must stay short: its temp dir goes under /tmp, not state_dir.
@@ -155,7 +158,13 @@ def start_head(
         temp_dir=temp_dir,
         log=str(log),
     )
-    failure = _wait_ready(proc, state)
+    try:
+        if on_spawn is not None:
+            on_spawn(state)
+        failure = _wait_ready(proc, state)
+    except BaseException:
+        stop_head(state)
+        raise
     if failure:
         tail = "\n".join(Path(log).read_text(errors="replace").splitlines()[-15:])
         stop_head(state)
@@ -247,9 +256,12 @@ def shared_head(state_dir: Path) -> HeadState:
             return state
         if state is not None:
             stop_head(state)
-        state = start_head(state_dir)
-        _write_state(state_dir, state)
-        return state
+        # recorded from its start, so `ray-down` finds a head whose starter was killed
+        try:
+            return start_head(state_dir, on_spawn=lambda spawned: _write_state(state_dir, spawned))
+        except BaseException:
+            (state_dir / STATE_FILE).unlink(missing_ok=True)
+            raise
 
 
 def shared_head_down(state_dir: Path) -> bool:

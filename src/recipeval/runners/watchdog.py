@@ -7,15 +7,17 @@ changes when the orphan is re-parented), it cleans up:
 
 - a local job: SIGKILL to the job's process group and every descendant of the job it has
   seen, including ones that left the group;
-- a Ray job: the job stopped through the Jobs API, and the runner's private head (its state
-  given as JSON) stopped with everything it started.
+- a Ray job: the job stopped through the Jobs API;
+- a Ray head the runner started for itself (its state given as JSON): stopped with everything
+  it started, guarded from the moment it is spawned, since it can take minutes to come up.
 
 Why not prctl(PR_SET_PDEATHSIG) on the job: it fires when the parent *thread* that forked the
 job exits (not the process), and it only reaches the job's first process, not the children
 that miles, Ray or a shell start.
 
 Usage: python watchdog.py PARENT_PID LEADER_PID
-       python watchdog.py PARENT_PID --ray-job ADDRESS JOB_ID [PRIVATE_HEAD_STATE_JSON]
+       python watchdog.py PARENT_PID --ray-job ADDRESS JOB_ID
+       python watchdog.py PARENT_PID --ray-head HEAD_STATE_JSON
 """
 
 from __future__ import annotations
@@ -72,15 +74,18 @@ def kill_local_job(parent: int, leader: int) -> None:
             continue
 
 
-def stop_ray_job(parent: int, address: str, job_id: str, private_head: str | None) -> None:
-    """Return after the Ray job was stopped (and the private head with it) because `parent`
-    died. Ray and recipeval are imported only then: the watch itself must start fast."""
+def stop_ray_head(parent: int, head: str) -> None:
+    """Return after the head (its state as JSON) was stopped, with every process it started,
+    because `parent` died. recipeval is imported only then: the watch must start fast."""
     wait_for_parent_death(parent)
-    if private_head:  # the head's whole tree goes, the job's processes with it
-        from recipeval.runners.ray_head import HeadState, stop_head
+    from recipeval.runners.ray_head import HeadState, stop_head
 
-        stop_head(HeadState(**json.loads(private_head)))
-        return
+    stop_head(HeadState(**json.loads(head)))
+
+
+def stop_ray_job(parent: int, address: str, job_id: str) -> None:
+    """Return after the Ray job was stopped because `parent` died. Ray is imported only then."""
+    wait_for_parent_death(parent)
     from ray.job_submission import JobSubmissionClient
 
     # The head may be gone too, and then there is nothing left to stop.
@@ -92,7 +97,9 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is recipeval's to handle
     parent = int(argv[1])
     if argv[2] == "--ray-job":
-        stop_ray_job(parent, argv[3], argv[4], argv[5] if len(argv) > 5 else None)
+        stop_ray_job(parent, argv[3], argv[4])
+    elif argv[2] == "--ray-head":
+        stop_ray_head(parent, argv[3])
     else:
         kill_local_job(parent, int(argv[2]))
     return 0
