@@ -4,6 +4,7 @@ that head and nothing else."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -249,3 +250,51 @@ def test_a_stage_stopped_while_its_private_head_starts_leaves_no_ray_process(sig
         for leftover in of_this_head():  # a failed run must not leak the head into the suite
             leftover.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_ray_down_on_a_stale_record_kills_and_removes_nothing_else(tmp_path):
+    """A head.json whose head is gone (its pid now another process) must not make ray-down
+    kill that process's group or remove the folder and file the record names."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True
+    )
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "data").write_text("keep")
+    notes = tmp_path / "notes.log"
+    notes.write_text("keep")
+    stale = ray_head.HeadState(
+        pid=other.pid,
+        create_time=1.0,
+        dashboard="http://127.0.0.1:9",
+        gcs="127.0.0.1:9",
+        temp_dir=str(precious),
+        log=str(notes),
+    )
+    (state_dir / ray_head.STATE_FILE).write_text(json.dumps(dataclasses.asdict(stale)))
+
+    def ray_down(folder: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "recipeval", "ray-down", "--state-dir", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    try:
+        proc = ray_down(state_dir)
+        assert proc.returncode == 0 and "no longer running" in proc.stdout, proc.stderr
+        assert other.poll() is None
+        assert (precious / "data").read_text() == "keep" and notes.read_text() == "keep"
+        assert ray_head.read_state(state_dir) is None
+    finally:
+        other.kill()
+        other.wait()
+    missing = tmp_path / "never-made"
+    assert "none running" in ray_down(missing).stdout and not missing.exists()
+    proc = ray_down(notes)
+    assert proc.returncode == 2 and "not a folder" in proc.stderr
+    assert "Traceback" not in proc.stderr

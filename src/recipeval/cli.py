@@ -389,7 +389,15 @@ def ray_down(
     )
     if folder is None:
         _die(f"name the head's folder: --state-dir or {STATE_DIR_ENV}")
-    print(f"ray head in {folder}: {'stopped' if shared_head_down(folder) else 'none running'}")
+    if folder.exists() and not folder.is_dir():
+        _die(f"--state-dir {folder}: not a folder; name the folder the pipeline's head was in")
+    outcome = shared_head_down(folder)
+    said = {
+        "stopped": "stopped",
+        "stale": "its record named a head no longer running; record removed",
+        "none": "none running",
+    }
+    print(f"ray head in {folder}: {said[outcome]}")
 
 
 def _check_publish_outputs(outputs: PublishOutputs, plots: bool) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import psutil
 
@@ -42,6 +43,9 @@ START_TIMEOUT_S = 180.0  # a loaded 2-core machine took over 60 s
 # dashboard asked, so a starting head is not loaded with HTTP probes.
 BLOCKING_LINE = "will now block forever"
 READY_POLL_S = 0.25
+# A head's own temp dir and log, by name: a record read back from disk (possibly stale, or not
+# ours) never makes stop_head remove anything else.
+TEMP_PREFIX, LOG_PREFIX = "rv-ray-", "ray-head-"
 
 
 @dataclass
@@ -114,7 +118,7 @@ def start_head(
     pin_auth_mode()
     state_dir.mkdir(parents=True, exist_ok=True)
     # Ray's unix socket paths must stay short: its temp dir goes under /tmp, not state_dir.
-    temp_dir = tempfile.mkdtemp(prefix="rv-ray-")
+    temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX)
     gcs_port, dash_port = free_port(host), free_port(host)
     cmd = [
         *launcher,
@@ -140,7 +144,7 @@ def start_head(
         cmd.append(f"--node-name={node_name}")
     head_env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     head_env.setdefault(AUTH_MODE_ENV, os.environ[AUTH_MODE_ENV])
-    log = state_dir / f"ray-head-{os.getpid()}.log"
+    log = state_dir / f"{LOG_PREFIX}{os.getpid()}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             cmd,
@@ -191,9 +195,13 @@ def _wait_ready(proc: subprocess.Popen, state: HeadState, timeout: float = START
 
 def stop_head(state: HeadState, grace: float = 15.0) -> None:
     """Stop exactly the processes of this head: its session and process tree (Ray renames its
-    workers, `ray::IDLE`, so they are found by ancestry), then anything naming its temp dir."""
+    workers, `ray::IDLE`, so they are found by ancestry), then anything naming its temp dir.
+    A record whose head is gone (its pid dead or reused) touches no process group, and only a
+    temp dir and log named as start_head names them are removed."""
+    alive = head_alive(state)
+    own_temp = Path(state.temp_dir).name.startswith(TEMP_PREFIX)
     tree: list[psutil.Process] = []
-    if head_alive(state):
+    if alive:
         head = psutil.Process(state.pid)
         tree = [head, *head.children(recursive=True)]
         try:
@@ -205,19 +213,23 @@ def stop_head(state: HeadState, grace: float = 15.0) -> None:
         except (psutil.TimeoutExpired, psutil.NoSuchProcess):
             pass
     leftovers = [p for p in tree if p.is_running()]
-    leftovers += [p for p in psutil.process_iter(["cmdline"]) if _names(p, state.temp_dir)]
+    if own_temp:
+        leftovers += [p for p in psutil.process_iter(["cmdline"]) if _names(p, state.temp_dir)]
     for proc in leftovers:
         try:
             proc.kill()
         except psutil.Error:
             continue
-    try:
-        os.killpg(state.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    if alive:
+        try:
+            os.killpg(state.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     psutil.wait_procs(leftovers, timeout=5)
-    shutil.rmtree(state.temp_dir, ignore_errors=True)
-    Path(state.log).unlink(missing_ok=True)
+    if own_temp:
+        shutil.rmtree(state.temp_dir, ignore_errors=True)
+    if Path(state.log).name.startswith(LOG_PREFIX):
+        Path(state.log).unlink(missing_ok=True)
 
 
 def _names(proc: psutil.Process, temp_dir: str) -> bool:
@@ -264,12 +276,16 @@ def shared_head(state_dir: Path) -> HeadState:
             raise
 
 
-def shared_head_down(state_dir: Path) -> bool:
-    """Stop the recorded head of state_dir; False when there was none."""
+def shared_head_down(state_dir: Path) -> Literal["stopped", "stale", "none"]:
+    """Stop the recorded head of state_dir: "stopped"; "stale" when the record names a head
+    that is no longer running (the record is removed); "none" without a record."""
+    if not state_dir.is_dir():
+        return "none"
     with locked(state_dir):
         state = read_state(state_dir)
         if state is None:
-            return False
+            return "none"
+        alive = head_alive(state)
         stop_head(state)
         (state_dir / STATE_FILE).unlink(missing_ok=True)
-        return True
+        return "stopped" if alive else "stale"
