@@ -232,6 +232,22 @@ def test_junit_one_case_per_recipe_and_stage(tmp_path: Path) -> None:
     assert smoke.find("failure").get("message") == "boom"
 
 
+def test_junit_is_scrubbed_like_every_other_output(tmp_path: Path, monkeypatch) -> None:
+    """A secret in a stage's message (a URL's password, the caller's token by name) is ***
+    in junit.xml as in the tables, the page and the verdict."""
+    monkeypatch.setenv("WANDB_API_KEY", "callers-wandb-key-31337")
+    leaky = "push to https://u:pw-123-secret@host/x failed; key callers-wandb-key-31337"
+    results = tmp_path / "night0"
+    write_run(results, AMD_RECIPE, night(0), smoke_status="fail", smoke_message="boom")
+    # stage results are scrubbed when written; one written by another tool may not be
+    smoke = next(results.glob("*/smoke.json"))
+    smoke.write_text(smoke.read_text().replace('"boom"', json.dumps(leaky)))
+    publish([results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings())
+    junit = (results / "junit.xml").read_text()
+    assert "pw-123-secret" not in junit and "callers-wandb-key-31337" not in junit
+    assert "push to https://" in junit and "***" in junit
+
+
 def test_shift_stays_reported_names_its_cause_and_ends_when_acknowledged(tmp_path: Path) -> None:
     import numpy as np
 

@@ -235,6 +235,19 @@ def test_secrets_never_reach_the_log(tmp_path):
     assert result.status == "pass"
 
 
+def test_the_callers_secret_stays_scrubbed_when_the_recipe_sets_the_same_name(
+    tmp_path, monkeypatch
+):
+    """The recipe's HF_TOKEN replaces the caller's in the job's env, not in what the log
+    may hold (a log made by hand, a tool that read the caller's environment)."""
+    callers = "callers-own-secret-4567"  # no token shape: only the name tells
+    monkeypatch.setenv("HF_TOKEN", callers)
+    program = f"print('caller had {callers}', flush=True)\n" + miles_like_program(3)
+    smoke_with(program, tmp_path, env={"HF_TOKEN": "hf_the_recipes_token_789"})
+    log = (tmp_path / "smoke.log").read_text()
+    assert "caller had ***" in log and callers not in log
+
+
 def test_on_steps_can_stop_the_run(tmp_path):
     program = miles_like_program(200).replace(
         "for i in range(200):\n", "for i in range(200):\n    time.sleep(0.1)\n"

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
-from recipeval.atomic import atomic_write
 from recipeval.publish.compare import RecipeVerdict
 from recipeval.publish.records import RunRecord
 
@@ -66,6 +64,7 @@ def junit_xml(records: list[RunRecord], verdicts: dict[str, RecipeVerdict]) -> E
     return ET.ElementTree(root)
 
 
-def write_junit(records: list[RunRecord], verdicts: dict[str, RecipeVerdict], path: Path) -> Path:
-    tree = junit_xml(records, verdicts)
-    return atomic_write(path, lambda tmp: tree.write(tmp, encoding="utf-8", xml_declaration=True))
+def junit_text(records: list[RunRecord], verdicts: dict[str, RecipeVerdict]) -> str:
+    """The JUnit document as text (the publisher scrubs it, as every output it writes)."""
+    root = junit_xml(records, verdicts).getroot()
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

@@ -12,7 +12,7 @@ from recipeval.exit_codes import FAILING_VERDICTS
 from recipeval.publish import attribution, history, layout_table, tables
 from recipeval.publish.compare import RecipeVerdict, judge_run
 from recipeval.publish.figures import all_figures, write_figures
-from recipeval.publish.junit import write_junit
+from recipeval.publish.junit import junit_text
 from recipeval.publish.page import render_page
 from recipeval.publish.records import RunRecord, build_record, collect_results
 from recipeval.result import StageResult, now_iso
@@ -152,7 +152,7 @@ def _write_outputs(
         out.tables / "benchmarks.html", render_page(records, verdicts, frame, generated, figures)
     )
     history.rebuild_parquet(out.history)
-    write_junit(records, verdicts, out.junit)
+    _write_text(out.junit, junit_text(records, verdicts))
     _write_text(
         out.verdict, json.dumps(verdict_document(outcome, generated), indent=1, default=str) + "\n"
     )

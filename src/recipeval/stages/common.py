@@ -207,7 +207,10 @@ def execute(
     """Run the launch (or read request.from_log), streaming into log_path and the parser; one
     progress line per finished rollout goes to stderr (`precision`: the bench's intervals so
     far, for its line; `label`: what the line calls the run, default the stage)."""
-    secrets = secret_values({**os.environ, **launch.env}, launch.argv)
+    # the process's and the recipe's values both: a recipe's HF_TOKEN hides the caller's by name
+    secrets = sorted(
+        {*secret_values(os.environ), *secret_values(launch.env, launch.argv)}, key=len, reverse=True
+    )
     stop = threading.Event()
     if request.from_log is not None:
         return _from_log(request, resolved, launch, log_path, secrets)
