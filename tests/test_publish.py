@@ -391,6 +391,20 @@ def test_cli_publish_refuses_unusable_output_paths_before_writing(tmp_path: Path
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"recipeval: --tables {tables / 'benchmarks.md'}: exists and")
     assert not (tmp_path / "h").exists()
+    # An output that is a stage result this publish reads, or another output's file.
+    smoke = next(results.glob("*/smoke.json"))
+    kept = smoke.read_text()
+    clashes = [
+        ({"--verdict": smoke}, f"--verdict {smoke}: is a stage result this publish reads"),
+        ({"--junit": usable["--verdict"]}, f"--verdict {usable['--verdict']}: --junit writes"),
+    ]
+    for change, message in clashes:
+        paths = {**usable, **change}
+        argv = [word for name, path in paths.items() for word in (name, str(path))]
+        proc = _cli("publish", str(results), *argv)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"recipeval: {message}"), proc.stderr
+        assert not (tmp_path / "h").exists()
+    assert smoke.read_text() == kept
 
 
 def test_cli_publish_output_it_cannot_write_is_one_line(tmp_path: Path) -> None:

@@ -400,10 +400,28 @@ def ray_down(
     print(f"ray head in {folder}: {said[outcome]}")
 
 
-def _check_publish_outputs(outputs: PublishOutputs, plots: bool) -> None:
-    """Exit 2 naming the option when an output path cannot be written, before publish writes
-    anything: the history it appends to first would otherwise be half updated."""
+def _check_publish_outputs(outputs: PublishOutputs, plots: bool, inputs: list[Path]) -> None:
+    """Exit 2 naming the option when an output path cannot be written, is a stage result this
+    publish reads, or is another output's file, before publish writes anything: the history it
+    appends to first would otherwise be half updated."""
     from recipeval.outpath import output_file_problem, output_path_problem
+    from recipeval.publish.records import result_files
+
+    def where(path: Path) -> Path:
+        try:
+            return path.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: the checks below name it
+            return path.absolute()
+
+    read = {where(path) for path in result_files(inputs)}
+    written: dict[Path, str] = {}
+    files = [("--junit", outputs.junit), ("--verdict", outputs.verdict)]
+    for option, path in [*files, *(("--tables", file) for file in outputs.table_files())]:
+        if where(path) in read:
+            _die(f"{option} {path}: is a stage result this publish reads; name another file")
+        if where(path) in written:
+            _die(f"{option} {path}: {written[where(path)]} writes the same file; name another")
+        written[where(path)] = option
 
     paths = [
         ("--tables", outputs.tables, output_path_problem),
@@ -463,7 +481,7 @@ def publish(
         # Before anything is written; the bounds are publish.* in config/config.schema.yaml.
         _die(f"--{err.name.replace('_', '-')} {err.value:g}: must be {err.expected}")
     outputs = PublishOutputs(tables, history, junit, verdict, plot_dir)
-    _check_publish_outputs(outputs, plots)
+    _check_publish_outputs(outputs, plots, inputs)
     try:
         outcome = run_publish(inputs, outputs, settings, plots)
     except PublishError as err:

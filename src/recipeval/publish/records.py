@@ -201,8 +201,8 @@ def build_record(results: Iterable[StageResult]) -> RunRecord:
     )
 
 
-def collect_results(paths: Iterable[Path]) -> dict[str, list[StageResult]]:
-    """Read stage result files grouped by recipe; a directory is a results folder
+def result_files(paths: Iterable[Path]) -> list[Path]:
+    """The stage result files publish reads from `paths`: a directory is a results folder
     (`<dir>/*/<stage>.json`) or one recipe's folder (`<dir>/<stage>.json`)."""
     files: list[Path] = []
     for path in paths:
@@ -215,8 +215,13 @@ def collect_results(paths: Iterable[Path]) -> dict[str, list[StageResult]]:
             )
         else:
             files.append(path)
+    return files
+
+
+def collect_results(paths: Iterable[Path]) -> dict[str, list[StageResult]]:
+    """Read the stage result files of `paths` (result_files) grouped by recipe."""
     grouped: dict[str, list[StageResult]] = {}
-    for file in files:
+    for file in result_files(paths):
         try:
             res = _locate_artifacts(read_result(file), file.parent)
         except (ValueError, OSError) as err:
