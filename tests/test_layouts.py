@@ -119,6 +119,13 @@ def test_16_gpus_fit_only_with_a_memory_knob_and_the_explorer_names_it(cli, tmp_
     assert again.returncode == 0 and "(removed 1 an earlier --emit left there)" in again.stdout
     assert len([p for p in (tmp_path / "emit").glob("*.yaml") if p.name != "mine.yaml"]) == 1
     assert (tmp_path / "emit" / "mine.yaml").read_text() == "name: mine\n"
+    # A variant explored again into its own folder stays: the new variants extend it.
+    (source,) = [p for p in (tmp_path / "emit").glob("*.yaml") if p.name != "mine.yaml"]
+    third = cli("layouts", str(source), "--top", "2", "--emit", str(tmp_path / "emit"))
+    assert third.returncode == 0 and "removed" not in third.stdout, third.stdout + third.stderr
+    emitted = [p for p in (tmp_path / "emit").glob("*.yaml") if p.name != "mine.yaml"]
+    assert source in emitted and len(emitted) == 3
+    assert all(load_recipe(p).recipe.world_size == 16 for p in emitted)
 
 
 @pytest.mark.parametrize(
@@ -270,3 +277,15 @@ def test_a_fixed_layout_engine_refuses_a_cluster_size(cli, tmp_path, option):
         proc.stderr
     ), proc.stderr
     assert not (tmp_path / "emit").exists()
+
+
+def test_a_folder_where_a_variant_goes_is_one_line_and_leaves_no_partial_file(cli, tmp_path):
+    small = REPO / "recipes/amd/deepseek-v4-flash-4layer-1node.yaml"
+    first = cli("layouts", str(small), "--top", "1", "--emit", str(tmp_path / "one"))
+    assert first.returncode == 0, first.stdout + first.stderr
+    (name,) = [p.name for p in (tmp_path / "one").glob("*.yaml")]
+    (tmp_path / "two" / name).mkdir(parents=True)
+    proc = cli("layouts", str(small), "--top", "1", "--emit", str(tmp_path / "two"))
+    assert proc.returncode == 2 and f"cannot write {name}" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert [p.name for p in (tmp_path / "two").iterdir()] == [name]

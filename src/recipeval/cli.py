@@ -21,6 +21,7 @@ from recipeval.outpath import out_file, out_folder, out_json_or_folder
 
 if TYPE_CHECKING:  # publish's modules load only when it runs
     from recipeval.publish.publisher import PublishOutputs
+    from recipeval.recipe.load import LoadedRecipe
 
 app = typer.Typer(
     name="recipeval",
@@ -737,14 +738,16 @@ def layouts(
             written = emit_layouts(found, loaded, emit, top, changes)
     except (LayoutError, EmitError) as err:
         _die(str(err))
-    _report_emitted(emit, written)
+    _report_emitted(emit, written, [loaded])
 
 
-def _report_emitted(folder: Path, written: list[Path]) -> None:
-    """Remove what an earlier --emit left there (the sweep would run it), say what is there."""
+def _report_emitted(folder: Path, written: list[Path], inputs: list[LoadedRecipe]) -> None:
+    """Remove what an earlier --emit left there (the sweep would run it) but never the recipes
+    this run read, nor their parents; say what is there."""
     from recipeval.explore.emit import remove_stale_variants
 
-    removed = remove_stale_variants(folder, written)
+    read = [file for loaded in inputs for file in loaded.files]
+    removed = remove_stale_variants(folder, written, read)
     print(
         f"wrote {len(written)} recipe(s) to {folder}"
         + (f" (removed {len(removed)} an earlier --emit left there)" if removed else "")
@@ -796,7 +799,7 @@ def ablate(
         ablation = plan(loaded_before, loaded_after, static_judge(), together)
         print("\n".join(plan_lines(ablation)))
         if emit is not None:
-            _report_emitted(emit, emit_variants(ablation, emit))
+            _report_emitted(emit, emit_variants(ablation, emit), [loaded_before, loaded_after])
     except (AblationError, EmitError) as err:
         _die(str(err))
 

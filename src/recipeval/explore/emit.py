@@ -38,27 +38,35 @@ def write_variant(
         | {"kind": sweep.kind, "base": sweep.base},
     }
     path = folder / f"{name}.yaml"
+    if path.resolve() in {file.resolve() for file in load_recipe(base).files}:
+        raise EmitError(f"--emit {folder}: {path.name} would replace the recipe it extends")
     text = "".join(f"# {line}\n" for line in comment.splitlines())
     text += yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=100)
-    tmp = path.with_name(f".{name}.tmp.yaml")
-    tmp.write_text(text)
+    # the pid keeps two emits into one folder off each other's unfinished file
+    tmp = path.with_name(f".{name}.{os.getpid()}.tmp.yaml")
     try:
+        tmp.write_text(text)
         load_recipe(tmp)
-    except Exception:
-        tmp.unlink()
-        raise
-    os.replace(tmp, path)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise EmitError(
+            f"--emit {folder}: cannot write {path.name}: {err.strerror or err}"
+        ) from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
-def remove_stale_variants(folder: Path, keep: list[Path]) -> list[Path]:
+def remove_stale_variants(folder: Path, keep: list[Path], inputs: list[Path]) -> list[Path]:
     """Remove the variants an earlier --emit left in `folder` that this one did not write:
     the workflow runs every recipe in a sweep folder, so they would run beside the new ones.
-    Only files with a `sweep` block go; anything else a user put there stays."""
-    kept = {path.resolve() for path in keep}
+    Only files with a `sweep` block go; anything else a user put there stays, and so do
+    `inputs` (the recipes this run read, their parents included: an emitted variant may be
+    explored again into its own folder) and another run's unfinished dot-files."""
+    kept = {path.resolve() for path in [*keep, *inputs]}
     removed = []
     for path in sorted(folder.glob("*.yaml")):
-        if path.resolve() in kept or not path.is_file():
+        if path.resolve() in kept or path.name.startswith(".") or not path.is_file():
             continue
         try:
             body = yaml.safe_load(path.read_text())
