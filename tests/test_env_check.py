@@ -5,6 +5,7 @@ the real recipes go through one `env_check` call (megatron-core and SGLang impor
 from __future__ import annotations
 
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from recipeval.checks.env_check import (
     env_check_stage,
     exit_status,
 )
+from recipeval.checks.layout import load_megatron, parallel_state_verdict
 from recipeval.checks.probe import probe, ray_cluster
 from recipeval.checks.subject import Subject
 from recipeval.recipe import load_recipe
@@ -423,3 +425,13 @@ def test_unreachable_ray_cluster_fails_the_probe():
         if c.id == "probe.ray"
     )
     assert not check.ok and f"127.0.0.1:{port}" in check.message and "refused" in check.message
+
+
+def test_layout_probes_leave_the_process_excepthook_as_it_was():
+    """torch wraps sys.excepthook on every init_process_group: after the explorer's probes a
+    traceback carried one "[rank0]:" per probe on every line."""
+    hook = sys.excepthook
+    megatron = load_megatron()
+    for tp, world in ((3, 6), (5, 10), (7, 14)):  # sizes no other test probes (cached)
+        parallel_state_verdict(megatron, world, tp, 1, 1, 1, 1)
+    assert sys.excepthook is hook

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+import sys
 import warnings
 from dataclasses import dataclass
 from functools import cache
@@ -419,6 +420,9 @@ def parallel_state_verdict(
     state = megatron.parallel_state
     if dist.is_initialized():
         raise RuntimeError("torch.distributed is already initialized in this process")
+    # Each init wraps sys.excepthook to prefix "[rank0]:" and never unwraps it: after n probes
+    # a traceback carried n prefixes on every line.
+    excepthook = sys.excepthook
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
         state.initialize_model_parallel(
@@ -438,6 +442,7 @@ def parallel_state_verdict(
     finally:
         state.destroy_model_parallel()
         dist.destroy_process_group()
+        sys.excepthook = excepthook
 
 
 def microbatch_check(subject: Subject, megatron: Megatron, global_batch: int) -> Check | None:
