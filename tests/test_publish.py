@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -246,6 +247,26 @@ def test_junit_is_scrubbed_like_every_other_output(tmp_path: Path, monkeypatch) 
     junit = (results / "junit.xml").read_text()
     assert "pw-123-secret" not in junit and "callers-wandb-key-31337" not in junit
     assert "push to https://" in junit and "***" in junit
+
+
+def test_a_nan_measurement_is_left_out_of_the_history_not_written_as_null(tmp_path: Path) -> None:
+    """A NaN logprob diff in a stage result (JSON's NaN, as Python's json writes it) was stored
+    as null: publish then crashed drawing 'what changed', and every later publish skipped the
+    record as unreadable."""
+    history = tmp_path / "history"
+    for n in range(5):
+        results = write_run(tmp_path / f"n{n}", AMD_RECIPE, night(n), logprob=0.045)
+        result = next(results.glob("*/logprob_diff.json"))
+        summary = json.loads(result.read_text())
+        summary["summary"]["train_rollout_logprob_abs_diff"] = math.nan
+        result.write_text(json.dumps(summary))
+        proc = _cli("publish", str(results), "--history", str(history), "--no-plots")
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert "skipped" not in proc.stderr, proc.stderr
+    records = [json.loads(p.read_text()) for p in history.glob("*/*.json")]
+    assert len(records) == 5
+    assert all("logprob_diff.train_rollout_logprob_abs_diff" not in r["metrics"] for r in records)
+    assert all("bench.metrics.cycle_time" in r["metrics"] for r in records)
 
 
 def test_shift_stays_reported_names_its_cause_and_ends_when_acknowledged(tmp_path: Path) -> None:

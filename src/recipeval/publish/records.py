@@ -74,9 +74,11 @@ DRIFT_CHECK_SUFFIX = ".drift"
 
 
 def _number(value: Any) -> float | None:
+    """A finite number as float, else None: a nan or inf (a stage that measured a NaN loss)
+    is the stage's own failure to report, not a level the history can hold or compare."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    return float(value) if math.isfinite(value) else None
 
 
 def summary_metrics(
@@ -93,12 +95,7 @@ def summary_metrics(
             if est is not None:
                 metrics[path] = est
                 low, high = _number(node.get(_LOW)), _number(node.get(_HIGH))
-                if (
-                    low is not None
-                    and high is not None
-                    and math.isfinite(low)
-                    and math.isfinite(high)
-                ):
+                if low is not None and high is not None:
                     intervals[path] = (low, high)
                 return
             for key, value in node.items():
