@@ -9,7 +9,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from recipeval.recipe import STAGES, InvalidRecipe, load_recipe
+from recipeval.recipe import STAGE_GATES, STAGES, InvalidRecipe, load_recipe
 
 validate(config, workflow.source_path("../config/config.schema.yaml"))
 
@@ -135,13 +135,7 @@ def env_check_probe(wildcards, resources):
 
 def gate_stages(stage):
     """The selected stages whose pass this stage requires."""
-    gates = {
-        "env_check": [],
-        "smoke": ["env_check"],
-        "logprob_diff": ["smoke"],
-        "bench": ["smoke"],
-    }
-    wanted = gates[stage]
+    wanted = list(STAGE_GATES[stage])
     if stage != "smoke" and "smoke" not in SELECTED:
         wanted = ["env_check"]
     return [s for s in wanted if s in SELECTED]

@@ -269,6 +269,23 @@ def test_a_nan_measurement_is_left_out_of_the_history_not_written_as_null(tmp_pa
     assert all("bench.metrics.cycle_time" in r["metrics"] for r in records)
 
 
+def test_results_left_from_an_earlier_run_are_not_published_as_this_run(tmp_path: Path) -> None:
+    """A nightly killed during smoke leaves a new env_check beside the last run's logprob_diff
+    and bench: publishing the folder filed that bench again as a new run's measurement."""
+    results = write_run(tmp_path / "r", AMD_RECIPE, night(0))
+    fresh = write_run(tmp_path / "next", AMD_RECIPE, night(1))
+    (folder,) = results.iterdir()
+    shutil.copy(next(fresh.glob("*/env_check.json")), folder / "env_check.json")
+    (folder / "smoke.json").unlink()
+    proc = _cli("publish", str(results), "--history", str(tmp_path / "h"), "--no-plots")
+    assert proc.returncode == 0, proc.stderr
+    for stage in ("logprob_diff", "bench"):
+        assert f"its {stage} result" in proc.stderr and "predates its gate env_check" in proc.stderr
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "h").glob("*/*.json")]
+    assert list(record["stages"]) == ["env_check"]
+    assert not any(key.startswith(("bench.", "logprob_diff.")) for key in record["metrics"])
+
+
 def test_shift_stays_reported_names_its_cause_and_ends_when_acknowledged(tmp_path: Path) -> None:
     import numpy as np
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from recipeval.publish.compare import RecipeVerdict, judge_run
 from recipeval.publish.figures import all_figures, write_figures
 from recipeval.publish.junit import junit_text
 from recipeval.publish.page import render_page
-from recipeval.publish.records import RunRecord, build_record, collect_results
+from recipeval.publish.records import RunRecord, build_record, collect_results, stale_results
 from recipeval.result import StageResult, now_iso
 from recipeval.secrets import scrub, secret_values
 
@@ -85,6 +86,14 @@ def _stage_results(inputs: list[Path]) -> dict[str, list[StageResult]]:
             raise PublishError(
                 f"{results[0].provenance.recipe_path or 'a stage result'}: {err}"
             ) from None
+        for result, gate in stale_results(results):
+            print(
+                f"recipeval: {name}: its {result.stage} result ({result.provenance.started}) "
+                f"predates its gate {gate.stage} ({gate.provenance.started}), so it is an earlier "
+                f"run's; left out of this run",
+                file=sys.stderr,
+            )
+            results.remove(result)
     return dict(sorted(grouped.items()))
 
 

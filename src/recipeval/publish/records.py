@@ -7,13 +7,14 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from recipeval.errors import unreadable_reason
-from recipeval.recipe.schema import STAGES
+from recipeval.recipe.schema import STAGE_GATES, STAGES
 from recipeval.result import StageResult, read_result
 from recipeval.secrets import fingerprint_secret, fingerprint_secrets
 
@@ -213,6 +214,34 @@ def result_files(paths: Iterable[Path]) -> list[Path]:
         else:
             files.append(path)
     return files
+
+
+def _started(result: StageResult) -> datetime | None:
+    try:
+        return datetime.fromisoformat(result.provenance.started or "")
+    except ValueError:
+        return None
+
+
+def stale_results(results: list[StageResult]) -> list[tuple[StageResult, StageResult]]:
+    """(result, gate) pairs of one recipe's results where the result started before a stage
+    that gates it (directly or through another) started: a result left from an earlier run
+    after its gate ran again (a killed nightly), which is not a measurement of this run."""
+    by_stage = {result.stage: result for result in results}
+
+    def gates(stage: str) -> list[str]:
+        direct = STAGE_GATES.get(stage, ())
+        return [*direct, *(g for gate in direct for g in gates(gate))]
+
+    stale = []
+    for result in results:
+        started = _started(result)
+        for gate in gates(result.stage):
+            gate_started = _started(by_stage[gate]) if gate in by_stage else None
+            if started and gate_started and gate_started > started:
+                stale.append((result, by_stage[gate]))
+                break
+    return stale
 
 
 def collect_results(paths: Iterable[Path]) -> dict[str, list[StageResult]]:

@@ -2,10 +2,11 @@
 
 from recipeval.recipe.load import InvalidRecipe, LoadedRecipe, load_recipe, recipe_sha256
 from recipeval.recipe.resolve import Resolved, resolve
-from recipeval.recipe.schema import STAGES, Recipe
+from recipeval.recipe.schema import STAGE_GATES, STAGES, Recipe
 
 __all__ = [
     "STAGES",
+    "STAGE_GATES",
     "InvalidRecipe",
     "LoadedRecipe",
     "Recipe",

@@ -20,6 +20,13 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 # The stages, in pipeline order: the one list every other module (and the Snakefile) reads.
 Stage = Literal["env_check", "smoke", "logprob_diff", "bench"]
 STAGES: tuple[str, ...] = get_args(Stage)
+# The stages whose pass each stage requires (the workflow's --require; publish's staleness).
+STAGE_GATES: dict[str, tuple[str, ...]] = {
+    "env_check": (),
+    "smoke": ("env_check",),
+    "logprob_diff": ("smoke",),
+    "bench": ("smoke",),
+}
 
 # Statistics stages.logprob_diff.thresholds may put a limit on (analysis.logprob computes them;
 # tests/test_recipe_cli.py keeps the two lists equal), and the key that sets the |d| cutoff.
