@@ -4,7 +4,9 @@ secrets, on_steps stopping a run) through the local runner."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -215,6 +217,20 @@ def test_timeout_is_error_and_leaves_no_process(tmp_path):
     assert result.status == "error" and "timed out after 3 s" in result.message
     assert outcome.run.timed_out
     assert {p.pid for p in psutil.Process().children(recursive=True)} - before == set()
+
+
+def test_launches_of_one_stage_share_its_timeout(tmp_path):
+    """logprob_diff launches each variant and re-score: each got the whole timeout, so a
+    stage of two variants could run twice its limit and outlive the Slurm job sized by it."""
+    request = dataclasses.replace(request_for(tmp_path, timeout=60), began=time.monotonic() - 58)
+    resolved, _ = resolve_and_render(request)
+    launch = python_launch(miles_like_program(3, hang_after=0))
+    outcome = execute(request, resolved, launch, request.artifact(".log"))
+    given = float(re.search(r"timed out after ([0-9.]+) s", outcome.run.detail)[1])
+    assert outcome.run.timed_out and 1 <= given <= 2  # what was left of the 60 s
+    spent = dataclasses.replace(request, began=time.monotonic() - 600)
+    outcome = execute(spent, resolved, launch, request.artifact(".log"))
+    assert outcome.run.timed_out and "timed out after 1 s" in outcome.run.detail
 
 
 def test_step0_invariant_violation_fails(tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,10 @@ TAIL_LINES = 30
 OnSteps = Callable[[pd.DataFrame], bool]
 
 
+# The least a launch is given once the stage's timeout is spent (it is stopped at once).
+MIN_LAUNCH_TIMEOUT_S = 1.0
+
+
 @dataclass
 class StageRequest:
     """One stage invocation, as the CLI parsed it."""
@@ -51,6 +56,9 @@ class StageRequest:
     exit_zero: bool = False
     timeout: float | None = None  # None: the stage overlay's `timeout`
     result_file: Path | None = None  # None: OUT/<stage>.json
+    # time.monotonic() when the stage began: its launches (logprob_diff's variants and
+    # re-scores) share one timeout, the limit the Slurm job's time is sized by
+    began: float | None = None
 
     @property
     def result_path(self) -> Path | None:
@@ -229,6 +237,9 @@ def execute(
     )
     runner_name = request.runner or default_runner_name()
     timeout = request.timeout or (resolved.options.timeout if resolved.options else None)
+    if timeout is not None and request.began is not None:
+        # a launch after the budget is spent still starts, and is stopped at once
+        timeout = max(timeout - (time.monotonic() - request.began), MIN_LAUNCH_TIMEOUT_S)
     run: RunResult | None = None
     failure = None
     info: dict[str, Any] = {}
@@ -288,9 +299,10 @@ def run_summary(outcome: StageRun) -> dict[str, Any]:
     }
 
 
-def run_failure(outcome: StageRun) -> str | None:
+def run_failure(outcome: StageRun, log: Path | None = None) -> str | None:
     """Why the run cannot be judged (crash, timeout, runner trouble), with the log's last
-    lines; None when it ended cleanly or was stopped on request."""
+    lines (named as `log`, default the run's own); None when it ended cleanly or was stopped
+    on request."""
     run = outcome.run
     if outcome.failure:
         why = outcome.failure
@@ -303,4 +315,4 @@ def run_failure(outcome: StageRun) -> str | None:
     else:
         return None
     tail = outcome.tail_text()
-    return f"{why}; last log lines ({outcome.log_path}):\n{tail}" if tail else why
+    return f"{why}; last log lines ({log or outcome.log_path}):\n{tail}" if tail else why

@@ -82,7 +82,7 @@ def run(stage: Stage, request: StageRequest) -> StageResult:
     invalidate(request)
     started = now_iso()
     clock = time.monotonic()
-    verdict = stage.execute(request)
+    verdict = stage.execute(dataclasses.replace(request, began=clock))
     summary = {
         **verdict.run_facts,
         "stage_wall_s": round(time.monotonic() - clock, 3),

@@ -155,7 +155,10 @@ def run_variant(
     if dump.is_file():
         tokens = pd.read_parquet(dump)
         dump.unlink()
-    return VariantRun(label, outcome.steps, tokens, lines, _failure(outcome))
+    # the variant's own log is gone: its lines are in the stage's log, after its marker
+    return VariantRun(
+        label, outcome.steps, tokens, lines, _failure(outcome, request.artifact(".log"))
+    )
 
 
 def rescore(request: StageRequest, runs: list[VariantRun], reference: str | None) -> None:
@@ -187,8 +190,8 @@ def rescore(request: StageRequest, runs: list[VariantRun], reference: str | None
         source.unlink(missing_ok=True)
 
 
-def _failure(outcome: StageRun) -> str | None:
-    failure = run_failure(outcome)
+def _failure(outcome: StageRun, log: Path) -> str | None:
+    failure = run_failure(outcome, log)
     if failure is None and outcome.steps.empty:
         failure = f"the run logged no rollout; last log lines:\n{outcome.tail_text()}"
     return failure
