@@ -137,3 +137,54 @@ def test_a_stopped_nightly_stops_snakemake_and_its_local_jobs(
     assert proc.returncode == 128 + signum, out[-2000:]
     assert f"stopped by {signum.name}" in out
     assert left == [], out[-2000:]
+
+
+def test_a_killed_nightly_still_cancels_snakemake_and_its_jobs(tmp_path: Path) -> None:
+    """kill -9 leaves the nightly no handler: snakemake, re-parented, went on to the next
+    rules, and the next nightly met its lock."""
+    token = f"recipeval-killed-nightly-{os.getpid()}"
+    (tmp_path / "Snakefile").write_text(
+        f'rule long:\n    output: "never.txt"\n    shell: "touch started; exec -a {token} sleep 600"\n'
+    )
+    argv = [
+        str(BIN / "recipeval"),
+        "nightly",
+        "--cores",
+        "1",
+        "--verdict",
+        str(tmp_path / "v.json"),
+        "--snakefile",
+        str(tmp_path / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+
+    def left() -> list[psutil.Process]:
+        return [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if token in " ".join(p.info["cmdline"] or [])
+            or (
+                "snakemake" in " ".join(p.info["cmdline"] or [])
+                and str(tmp_path) in " ".join(p.info["cmdline"] or [])
+            )
+        ]
+
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "started").exists(), "the rule never started"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        remaining = [p.info["cmdline"][:4] for p in left()]
+    finally:
+        for leftover in left():
+            leftover.kill()
+    assert remaining == []

@@ -4,7 +4,9 @@ of tonight, then turn the published verdict into an exit status.
 A scheduler or CI runner stops a job with SIGTERM, which Snakemake takes as "finish the
 running jobs first": cluster jobs would run on for hours after the nightly was stopped. The
 nightly passes SIGTERM (and SIGHUP, and SIGINT) on as SIGINT to snakemake's process group, on
-which Snakemake cancels its cluster jobs (scancel), its local jobs stop, and it exits."""
+which Snakemake cancels its cluster jobs (scancel), its local jobs stop, and it exits. When the
+nightly itself is killed (kill -9), a watchdog sends that SIGINT, and SIGKILL after
+CANCEL_GRACE_S if snakemake is still running."""
 
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ from pathlib import Path
 from types import FrameType
 
 from recipeval.exit_codes import EXIT_ERROR, EXIT_FAIL, EXIT_OK, FAILING_VERDICTS
+from recipeval.runners.base import start_watchdog
+
+# How long snakemake has to cancel its jobs once the nightly died, before it is killed.
+CANCEL_GRACE_S = 60.0
 
 
 def snakemake_argv(profiles: list[str], cores: str | None, extra: list[str]) -> list[str]:
@@ -92,9 +98,15 @@ def run_cancellable(argv: list[str]) -> tuple[int, int | None]:
         # preexec_fn is unsafe with threads; the nightly has none.
         proc = subprocess.Popen(argv, preexec_fn=_default_sigint, process_group=0)  # noqa: PLW1509
         group.append(proc.pid)
-        if stopped_by:  # a signal came while it started
-            cancel(stopped_by[0], None)
-        returncode = proc.wait()
+        # kill -9 of this process leaves no handler to pass the cancel on: the watchdog does
+        watchdog = start_watchdog(str(proc.pid), "--interrupt", str(CANCEL_GRACE_S))
+        try:
+            if stopped_by:  # a signal came while it started
+                cancel(stopped_by[0], None)
+            returncode = proc.wait()
+        finally:
+            watchdog.kill()
+            watchdog.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

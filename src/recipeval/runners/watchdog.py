@@ -15,7 +15,7 @@ Why not prctl(PR_SET_PDEATHSIG) on the job: it fires when the parent *thread* th
 job exits (not the process), and it only reaches the job's first process, not the children
 that miles, Ray or a shell start.
 
-Usage: python watchdog.py PARENT_PID LEADER_PID
+Usage: python watchdog.py PARENT_PID LEADER_PID [--interrupt GRACE_S]
        python watchdog.py PARENT_PID --ray-job ADDRESS JOB_ID
        python watchdog.py PARENT_PID --ray-head HEAD_STATE_JSON
 """
@@ -49,8 +49,10 @@ def wait_for_parent_death(parent: int, while_waiting: Callable[[], None] = lambd
         time.sleep(POLL_S)
 
 
-def kill_local_job(parent: int, leader: int) -> None:
-    """Return after the job was killed because `parent` died."""
+def kill_local_job(parent: int, leader: int, interrupt_grace: float | None = None) -> None:
+    """Return after the job was killed because `parent` died. With `interrupt_grace`, its
+    group first gets SIGINT and that many seconds to end (snakemake then cancels its own jobs,
+    cluster jobs included), and SIGKILL only if it is still there."""
     seen: dict[int, float] = {}
 
     def remember() -> None:
@@ -61,6 +63,11 @@ def kill_local_job(parent: int, leader: int) -> None:
                 continue
 
     wait_for_parent_death(parent, remember)
+    if interrupt_grace is not None:
+        with contextlib.suppress(OSError):
+            os.killpg(leader, signal.SIGINT)
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(leader).wait(timeout=interrupt_grace)
     try:
         os.killpg(leader, signal.SIGKILL)  # the leader's pid is its group's id (new session)
     except OSError:
@@ -101,7 +108,8 @@ def main(argv: list[str]) -> int:
     elif argv[2] == "--ray-head":
         stop_ray_head(parent, argv[3])
     else:
-        kill_local_job(parent, int(argv[2]))
+        grace = float(argv[4]) if len(argv) > 4 and argv[3] == "--interrupt" else None
+        kill_local_job(parent, int(argv[2]), grace)
     return 0
 
 
