@@ -3,6 +3,7 @@ import glob
 import math
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from recipeval.recipe import STAGE_GATES, STAGES, InvalidRecipe, load_recipe
 validate(config, workflow.source_path("../config/config.schema.yaml"))
 
 RESULTS = config["results"]
+# When this snakemake run began: the closing summary marks what an interrupted run left older.
+RUN_STARTED = time.time()
 SELECTED = [s for s in STAGES if s in config["stages"]]
 LAUNCHER_ENV = "../envs/recipeval.yaml"
 # `--config gpu_group=none` (or null, or empty) submits each GPU stage as its own job.
@@ -248,6 +251,6 @@ def print_verdicts():
     from recipeval.publish.summary import verdict_lines
 
     print(
-        "\n".join(["", "recipeval:", *verdict_lines(Path(RESULTS), RECIPES)]),
+        "\n".join(["", "recipeval:", *verdict_lines(Path(RESULTS), RECIPES, RUN_STARTED)]),
         flush=True,
     )
