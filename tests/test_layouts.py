@@ -134,6 +134,8 @@ def test_16_gpus_fit_only_with_a_memory_knob_and_the_explorer_names_it(cli, tmp_
         ("optimizer-offload-fraction", "write FLAG=VALUE"),
         ("tensor-model-parallel-size=2", "derives this flag from parallel.tp"),
         ("sglang-mem-fraction-static=[1", "is not a value"),
+        ("lr=2001-02-30", "is not a value"),  # YAML's date, out of range
+        ("seed=" + "9" * 5000, "is not a value"),  # past Python's int() digit limit
         ("micro-batch-size=abc", "--arg micro-batch-size=abc: not a whole number"),
         ("micro-batch-size=2.0", "--arg micro-batch-size=2.0: not a whole number"),
         ("lr=.nan", "--arg lr: expected a string, number"),
@@ -148,12 +150,13 @@ def test_bad_arg_is_refused_before_exploring(cli, arg, message):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--gpus", "0"], "--gpus 0: give a positive GPU count"),
-        (["--gpus", "-8"], "--gpus -8: give a positive GPU count"),
-        (["--nodes", "0"], "--nodes 0: give a positive node count"),
-        (["--nodes", "-2"], "--nodes -2: give a positive node count"),
+        (["--gpus", "0"], "--gpus 0: give a GPU count from 1 to 2147483647"),
+        (["--gpus", "-8"], "--gpus -8: give a GPU count from 1 to"),
+        (["--gpus", "8589934592"], "--gpus 8589934592: give a GPU count from 1 to"),  # hung
+        (["--nodes", "0"], "--nodes 0: give a node count from 1 to"),
+        (["--nodes", "-2"], "--nodes -2: give a node count from 1 to"),
         (["--gpus", "12"], "--gpus 12 is not a whole number of the recipe's 8-GPU nodes"),
-        (["--gpus", "99999999999999"], "not a whole number of the recipe's 8-GPU nodes"),
+        (["--gpus", "99999999999999"], "--gpus 99999999999999: give a GPU count from 1 to"),
         (["--history", "/etc/hostname"], "--history /etc/hostname: not a folder"),
     ],
 )

@@ -767,8 +767,8 @@ def _flag_values(pairs: list[str]) -> dict[str, Any]:
             _die(f"--arg {pair!r}: write FLAG=VALUE, e.g. optimizer-offload-fraction=1.0")
         try:
             values[flag] = yaml.safe_load(text)
-        except yaml.YAMLError:
-            _die(f"--arg {pair!r}: {text!r} is not a value")
+        except (yaml.YAMLError, ValueError):  # ValueError: 2001-02-30, a 5000-digit number
+            _die(f"--arg {pair[:80]!r}: {text[:60]!r} is not a value")
     return values
 
 
