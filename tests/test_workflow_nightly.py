@@ -46,6 +46,15 @@ def test_nightly_without_a_fresh_verdict_is_an_error(tmp_path: Path) -> None:
     assert "no fresh verdict" in proc.stderr
 
 
+def test_a_verdict_path_publish_cannot_write_is_refused_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    """A folder given as --verdict ran the whole pipeline, then found no fresh verdict (3)."""
+    proc = nightly(tmp_path, "--verdict", str(tmp_path), timeout=60)
+    assert proc.returncode == 2 and "--verdict" in proc.stderr, proc.stderr
+    assert not (tmp_path / "results").exists() and "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("written", ['{"recipes": ', '{"recipes": [{"status": "ok"}]}', "[]"])
 def test_a_verdict_that_cannot_be_read_is_an_error_not_a_regression(
     tmp_path: Path, written: str

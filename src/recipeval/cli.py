@@ -529,9 +529,9 @@ def nightly(
         typer.Option(help="Snakemake profile, e.g. slurm-amd (repeatable: later ones override)"),
     ] = None,
     cores: Annotated[str | None, typer.Option(help="Snakemake --cores")] = None,
-    verdict: Annotated[Path, typer.Option(help="the verdict publish writes")] = Path(
-        "results/regression.json"
-    ),
+    verdict: Annotated[
+        Path, typer.Option(parser=out_file, help="the verdict publish writes")
+    ] = Path("results/regression.json"),
 ) -> None:
     """Rerun every stage of every selected recipe (snakemake --forceall; further arguments go
     to snakemake), publish, and exit 1 when a recipe failed or regressed (3: no verdict).
