@@ -140,6 +140,16 @@ def test_parse_log_cli_writes_csv_and_parquet_and_reports_malformed(tmp_path):
         message = " ".join(proc.stderr.replace("│", " ").split())  # rich wraps it in a box
         assert proc.returncode == 2 and problem in message, proc.stderr
         assert "Traceback" not in proc.stderr
+    # the longest name the system allows: its temporary sibling must fit too
+    longest = tmp_path / ("a" * 247 + ".parquet")
+    proc = subprocess.run(
+        [RECIPEVAL, "parse-log", str(LOGS / "miles_clean.log"), "--out", str(longest)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0 and len(pd.read_parquet(longest)) > 0, proc.stderr
+    assert [p.name for p in tmp_path.glob(".*")] == []
 
 
 # --- the real trainers' formats (fixtures cite the source lines or threads they come from) --

@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
+
+# Linux's limit on one path component.
+NAME_MAX = 255
 
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> Path:
@@ -14,6 +18,9 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> Path:
     the file the caller asked for, not the temporary name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if len(os.fsencode(tmp.name)) > NAME_MAX:  # a name the system allows, but not 12 more bytes
+        digest = hashlib.sha256(os.fsencode(path.name)).hexdigest()[:16]
+        tmp = path.with_name(f".{digest}.{os.getpid()}.tmp")
     try:
         write(tmp)
         os.replace(tmp, path)

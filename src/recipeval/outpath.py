@@ -9,8 +9,9 @@ from pathlib import Path
 
 import typer
 
-# Linux limits: one path component (NAME_MAX) and a whole path (PATH_MAX).
-NAME_MAX = 255
+from recipeval.atomic import NAME_MAX
+
+# Linux's limit on a whole path (NAME_MAX, on one component, is the atomic writer's too).
 PATH_MAX = 4095
 
 
