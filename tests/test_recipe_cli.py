@@ -264,3 +264,35 @@ def test_the_pipeline_config_names_the_stages_of_the_recipe_schema():
     schema = yaml.safe_load((REPO / "config" / "config.schema.yaml").read_text())
     stages = schema["properties"]["stages"]
     assert tuple(stages["items"]["enum"]) == STAGES == tuple(stages["default"])
+
+
+def test_symlink_loops_and_fifos_are_one_line_never_a_traceback_or_a_hang(cli, tmp_path):
+    """A symlink loop as a recipe, a parent or an --out folder ended in a traceback; a FIFO as
+    a stage result (publish, --require) or a recorded launch (drift) waited forever."""
+    import os
+
+    loop = tmp_path / "loop.yaml"
+    loop.symlink_to(tmp_path / "loop.yaml")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: loop.yaml\n")
+    fifo_child = tmp_path / "fifo-child.yaml"
+    fifo_child.write_text("extends: fifo.json\n")
+    out_loop = tmp_path / "out"
+    out_loop.symlink_to(out_loop)
+    tiny = RECIPES / "local" / "tiny-grpo-cpu.yaml"
+    cases = [
+        (["validate", str(loop)], "loop.yaml"),
+        (["validate", str(child)], "parent recipe 'loop.yaml'"),
+        (["validate", str(fifo_child)], "'fifo.json' is not a regular file"),
+        (["smoke", str(tiny), "--out", str(out_loop)], "leads nowhere"),
+        (["smoke", str(tiny), "--out", str(tmp_path / "r"), "--require", str(fifo)], "fifo.json"),
+        (["publish", str(fifo), "--no-plots", "--history", str(tmp_path / "h")], "fifo.json"),
+        (["drift", str(PR_RECIPE), "--against", str(fifo)], "fifo.json"),
+    ]
+    for argv, needle in cases:
+        proc = cli(*argv, timeout=60)
+        assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
+        text = " ".join(proc.stderr.replace("│", " ").split())  # rich wraps option errors
+        assert needle in text and "Traceback" not in proc.stderr, (argv, proc.stderr)

@@ -28,7 +28,7 @@ def _display(file: Path | str) -> str:
     path = Path(file)
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except (ValueError, OSError):
+    except (ValueError, OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
         return str(file)
 
 

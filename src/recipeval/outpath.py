@@ -33,6 +33,8 @@ def _name_problem(raw: str, kind: str) -> str | None:
 def _ancestor_problem(path: Path) -> str | None:
     """Why `path` cannot be created: its nearest existing ancestor is not a folder."""
     for ancestor in path.absolute().parents:
+        if ancestor.is_symlink() and not ancestor.exists():
+            return f"lies under {ancestor}, a symbolic link that leads nowhere (a loop?)"
         if ancestor.exists():
             if not ancestor.is_dir():
                 return f"lies under {ancestor}, which is not a folder"
@@ -49,6 +51,8 @@ def output_path_problem(raw: str, file_suffix: str | None = None) -> str | None:
     if problem:
         return problem
     path = Path(raw)
+    if path.is_symlink() and not path.exists():
+        return "is a symbolic link that leads nowhere (a loop, or its target is gone)"
     wants_file = file_suffix is not None and path.suffix == file_suffix
     if path.exists() and not wants_file and not path.is_dir():
         return "exists and is not a folder (a file or device); name a folder"

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from recipeval.atomic import atomic_write_text
+from recipeval.readfile import read_regular
 from recipeval.secrets import fingerprint_secrets, scrub, secret_values
 
 Status = Literal["pass", "fail", "error", "skipped"]
@@ -146,4 +147,6 @@ def write_result(result: StageResult, path: Path) -> Path:
 
 
 def read_result(path: Path) -> StageResult:
-    return StageResult.model_validate_json(path.read_text())
+    """A stage result file; OSError for one that cannot be read (a FIFO is refused, never
+    waited on), ValueError for one that is not a stage result."""
+    return StageResult.model_validate_json(read_regular(path))

@@ -153,7 +153,7 @@ def _read_chain(
         try:  # a NUL byte or an over-long name is bad input, not a crash
             parent = (file.parent / rel).resolve()
             parent.is_file()
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, RuntimeError) as err:  # RuntimeError: a symlink loop
             raise RecipeError(
                 file, f"parent recipe {rel[:100]!r} is not a usable path: {err}", "extends", line
             ) from None
@@ -172,8 +172,9 @@ def _read_chain(
                 line,
             )
         if not parent.is_file():
+            found = "is not a regular file" if parent.exists() else "not found"
             raise RecipeError(
-                file, f"parent recipe {rel!r} not found (looked for {parent})", "extends", line
+                file, f"parent recipe {rel!r} {found} (looked for {parent})", "extends", line
             )
         pdata, porigins, pfiles = _read_chain(parent, (*stack, file), budget)
         # `name` belongs to the file that declares it; a child never inherits its parent's.

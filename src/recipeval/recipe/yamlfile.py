@@ -6,14 +6,13 @@ PyYAML's composed node tree carries positions; we walk it once so that any later
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from recipeval.errors import RecipeError
+from recipeval.readfile import FileTooLarge, NotRegularFile, read_regular
 
 KeyPath = tuple[str | int, ...]
 # Where a value came from: (file, line).
@@ -161,36 +160,18 @@ class _Builder:
 
 
 def read_bounded(file: Path, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes. A FIFO, device (/dev/zero),
-    socket or directory is refused without reading: opened non-blocking, so a FIFO with no
-    writer cannot hang us, and checked on the open descriptor, so nothing swaps it in between."""
+    """The bytes of a regular file of at most `limit` bytes; a FIFO, device (/dev/zero),
+    socket or directory is refused without reading (readfile.read_regular)."""
     try:
-        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        return read_regular(file, limit)
     except FileNotFoundError:
         raise RecipeError(file, "file not found") from None
-    except IsADirectoryError:
-        raise RecipeError(file, "is a directory, expected a recipe .yaml file") from None
+    except (IsADirectoryError, NotRegularFile) as err:
+        raise RecipeError(file, f"{err.strerror}; expected a recipe .yaml file") from None
+    except FileTooLarge as err:
+        raise RecipeError(file, f"{err.strerror}; recipes are limited to {limit} bytes") from None
     except OSError as err:
         raise RecipeError(file, f"cannot read: {err.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise RecipeError(file, "is a directory, expected a recipe .yaml file")
-        if not stat.S_ISREG(info.st_mode):
-            raise RecipeError(
-                file, "not a regular file (a FIFO, device or socket); expected a recipe .yaml file"
-            )
-        if info.st_size > limit:
-            raise RecipeError(
-                file, f"file is {info.st_size} bytes; recipes are limited to {limit} bytes"
-            )
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            raw = handle.read(limit + 1)
-    finally:
-        os.close(fd)
-    if len(raw) > limit:
-        raise RecipeError(file, f"file is over {limit} bytes; recipes are limited to {limit} bytes")
-    return raw
 
 
 def read_yaml_mapping(file: Path) -> tuple[dict[str, Any], dict[KeyPath, Origin]]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from recipeval.errors import unreadable_reason
+from recipeval.readfile import read_regular
 
 MILES_PLACEHOLDER = "{miles}"
 DEFAULT_REPO = "radixark/miles"
@@ -78,7 +79,7 @@ class Recording:
         from pydantic import TypeAdapter, ValidationError
 
         try:
-            recording = TypeAdapter(cls).validate_json(path.read_bytes())
+            recording = TypeAdapter(cls).validate_json(read_regular(path))
         except (ValidationError, OSError) as err:
             raise RecordError(f"recorded launch {path}: {unreadable_reason(err)}") from None
         if "--" not in recording.argv:
