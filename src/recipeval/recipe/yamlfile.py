@@ -142,8 +142,17 @@ class _Builder:
                         key_node.start_mark.line + 1,
                     )
                 key = self.scalar(key_node)
+                if isinstance(key, bool) or key is None:
+                    # YAML 1.1 reads on/off/yes/no as booleans: `on: 1` rendered `--True 1`
+                    raise RecipeError(
+                        self.file,
+                        f"key {key_node.value!r} reads as {str(key).lower()} in YAML; quote it "
+                        f"('{key_node.value}') to use it as a name",
+                        key_text(path) or None,
+                        key_node.start_mark.line + 1,
+                    )
                 if not isinstance(key, str):
-                    key = str(key)
+                    key = key_node.value  # a number as written, not Python's str of it
                 if key in out:
                     raise RecipeError(
                         self.file,
