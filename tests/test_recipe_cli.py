@@ -22,6 +22,7 @@ BAD_CASES = {
     "impossible-value.yaml": ("cluster.nodes", "greater than 0"),
     "env-bool.yaml": ("env.SOME_SWITCH", "quote"),
     "bool-key.yaml": ("args", "key 'on' reads as true in YAML; quote it"),
+    "bench-no-metrics.yaml": ("stages.bench.metrics", "at least 1 item"),
     "derived-flag.yaml": ("args.tensor-model-parallel-size", "parallel.tp"),
     "bad-arg-value.yaml": ("args.eps-clip", "expected a string, number"),
 }

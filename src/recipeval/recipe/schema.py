@@ -236,8 +236,10 @@ class LogprobDiffStage(StageOptions):
 
 
 class BenchStage(StageOptions):
+    # At least one: a bench with none measured nothing and passed with zero checks.
     metrics: list[str] = Field(
-        default_factory=lambda: ["perf/rollout_time", "perf/actor_train_time", "cycle_time"]
+        default_factory=lambda: ["perf/rollout_time", "perf/actor_train_time", "cycle_time"],
+        min_length=1,
     )
     # From benchmarks/steady_state_coverage.py (section 4): correlation between steps can only
     # be checked from 10 steady steps on, and a drift or a recurring slow step needs 40 to show.
