@@ -252,3 +252,12 @@ def test_every_recipe_engine_has_a_registered_engine():
     assert not engine_for("miles").token_dumps and engine_for("miles").trainer_stack_checks
     with pytest.raises(KeyError, match="choose one of"):
         engine_for("nemo")
+
+
+def test_a_variant_renders_only_over_the_logprob_diff_stage(cli):
+    """--stage smoke --variant bf16-rollout rendered a launch no stage ever runs."""
+    tiny = REPO / "recipes/local/tiny-grpo-cpu.yaml"
+    proc = cli("render", str(tiny), "--stage", "smoke", "--variant", "bf16-rollout")
+    assert proc.returncode == 2 and "use stage logprob_diff" in proc.stderr, proc.stderr
+    ok = cli("render", str(tiny), "--stage", "logprob_diff", "--variant", "bf16-rollout")
+    assert ok.returncode == 0 and "--rollout-dtype bfloat16" in ok.stdout.replace(" \\\n  ", " ")

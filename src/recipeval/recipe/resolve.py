@@ -57,6 +57,9 @@ def resolve(recipe: Recipe, stage: str | None = None, variant: str | None = None
             raise KeyError(f"unknown stage {stage!r}")
         _apply(args, env, options)
     if variant is not None:
+        if stage != "logprob_diff":
+            # a variant over another stage's overlay is a launch no stage ever runs
+            raise KeyError(f"variant {variant!r} is a logprob_diff variant; use stage logprob_diff")
         variants = recipe.stages.logprob_diff.variants
         if variant not in variants:
             raise KeyError(
