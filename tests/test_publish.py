@@ -445,6 +445,21 @@ def test_cli_publish_refuses_unusable_output_paths_before_writing(tmp_path: Path
     assert smoke.read_text() == kept
 
 
+def test_cli_publish_history_it_cannot_write_is_one_line(tmp_path: Path) -> None:
+    """A history folder publish cannot add to (here a file where the recipe's folder goes;
+    also a read-only or immutable folder) was a traceback."""
+    results = write_run(tmp_path / "n0", AMD_RECIPE, night(0))
+    history = tmp_path / "h"
+    history.mkdir()
+    (history / "deepseek-v4-flash-4node-mi355x").write_text("not a folder\n")
+    proc = _cli("publish", str(results), "--history", str(history), "--no-plots")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert (
+        proc.stderr.startswith("recipeval: cannot write the history")
+        and "Traceback" not in proc.stderr
+    )
+
+
 def test_cli_publish_output_it_cannot_write_is_one_line(tmp_path: Path) -> None:
     """A place the checks before writing cannot judge (root may write anywhere by permission,
     yet /proc refuses new files): one line naming the file and saying the history already holds

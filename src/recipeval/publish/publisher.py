@@ -114,7 +114,13 @@ def publish(
         acks = history.acknowledgements(out.history)
     except ValueError as err:
         raise PublishError(str(err)) from None
-    added = sum(history.append(out.history, rec) for rec in records)
+    try:
+        added = sum(history.append(out.history, rec) for rec in records)
+    except OSError as err:  # a history folder it may not write (read-only, immutable, full)
+        raise PublishError(
+            f"cannot write the history {err.filename or out.history}: {err.strerror or err}; "
+            "publish again once it can be written (a run already added is not added twice)"
+        ) from None
     runs = history.load(out.history)
     verdicts = {rec.run_id: judge_run(rec, runs, settings, acks) for rec in records}
     outcome = PublishReport(records, verdicts, added)
