@@ -146,6 +146,12 @@ def test_a_failing_script_is_a_clear_error(checkout):
         record_launch(root, "scripts/run_tiny.py", ["other"], commit="abc1234")
     with pytest.raises(RecordError, match="No such option"):
         record_launch(root, "scripts/run_tiny.py", ["train", "--bogus"], commit="abc1234")
+    # A checkout without miles' exec_command helper is one line, not the driver's traceback.
+    (root / "miles" / "utils" / "external_utils" / "command_utils.py").write_text("")
+    with pytest.raises(RecordError) as raised:
+        record_launch(root, "scripts/run_tiny.py", ["train"], commit="abc1234")
+    assert "no exec_command helper found" in str(raised.value)
+    assert "\n" not in str(raised.value) and "Traceback" not in str(raised.value)
 
 
 def _commit(root: Path) -> str:

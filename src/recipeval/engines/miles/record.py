@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipeval.engines.miles.record_driver import UNRECORDABLE_EXIT
 from recipeval.errors import unreadable_reason
 from recipeval.readfile import read_regular
 
@@ -223,6 +224,9 @@ def _run_driver(checkout: Path, script: str, args: list[str], python: str) -> di
             )
         except subprocess.TimeoutExpired as err:
             raise RecordError(f"{script} did not finish within {RECORD_TIMEOUT_S} s") from err
+        if proc.returncode == UNRECORDABLE_EXIT:
+            reason = (proc.stderr.strip().splitlines() or ["no reason given"])[-1]
+            raise RecordError(f"{script}: {reason}")
         if proc.returncode != 0 or not out.is_file():
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
             raise RecordError(

@@ -31,6 +31,15 @@ import types
 from collections.abc import Sequence
 from pathlib import Path
 
+# The driver's exit status when the checkout or script cannot be recorded at all (its message
+# is one line on stderr); any other failure is the script's own, shown with its traceback.
+UNRECORDABLE_EXIT = 3
+
+
+class Unrecordable(Exception):
+    """A checkout or launch script this driver cannot record (not the script failing)."""
+
+
 # Modules a command-building script needs for real; never replaced by a stand-in.
 NEEDED = {"typer", "click", "miles", "miles_plugins"}
 RUNTIMES = {
@@ -253,7 +262,7 @@ def _watch_execute_train(recorder: Recorder) -> None:
 def _load_script(path: Path) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(f"miles_launch_{path.stem}", path)
     if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot import {path}")
+        raise Unrecordable(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -265,7 +274,7 @@ def _typer_app(module: types.ModuleType) -> object:
 
     apps = [v for v in vars(module).values() if isinstance(v, typer.Typer)]
     if not apps:
-        raise RuntimeError(f"{module.__file__} defines no typer app")
+        raise Unrecordable(f"{module.__file__} defines no typer app")
     return getattr(module, "app", apps[0])
 
 
@@ -279,7 +288,10 @@ def main(request_path: str) -> int:
     _seal(recorder)
     patched = _patch_helpers(recorder)
     if not patched:
-        raise RuntimeError(f"no exec_command helper found in {', '.join(HELPER_MODULES)}")
+        raise Unrecordable(
+            f"no exec_command helper found in {', '.join(HELPER_MODULES)}: not a miles checkout "
+            "whose launch scripts recipeval can record"
+        )
     module = _load_script(miles_dir / request["script"])
     patched += _patch_helpers(recorder)
     _watch_execute_train(recorder)
@@ -303,4 +315,8 @@ def main(request_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    try:
+        sys.exit(main(sys.argv[1]))
+    except Unrecordable as err:  # the checkout or script, not the launch: one line
+        print(err, file=sys.stderr)
+        sys.exit(UNRECORDABLE_EXIT)
