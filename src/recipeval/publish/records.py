@@ -7,7 +7,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +216,12 @@ def result_files(paths: Iterable[Path]) -> list[Path]:
     return files
 
 
+# Stages of one run may start on different hosts (env_check on the submit host, the others on
+# a compute node), whose clocks may disagree by a little; a result from an earlier run is
+# older than its gate by the time between two runs.
+STALE_AFTER = timedelta(minutes=5)
+
+
 def _started(result: StageResult) -> datetime | None:
     try:
         return datetime.fromisoformat(result.provenance.started or "")
@@ -224,9 +230,10 @@ def _started(result: StageResult) -> datetime | None:
 
 
 def stale_results(results: list[StageResult]) -> list[tuple[StageResult, StageResult]]:
-    """(result, gate) pairs of one recipe's results where the result started before a stage
-    that gates it (directly or through another) started: a result left from an earlier run
-    after its gate ran again (a killed nightly), which is not a measurement of this run."""
+    """(result, gate) pairs of one recipe's results where the result started more than
+    STALE_AFTER before a stage that gates it (directly or through another) started: a result
+    left from an earlier run after its gate ran again (a killed nightly), which is not a
+    measurement of this run."""
     by_stage = {result.stage: result for result in results}
 
     def gates(stage: str) -> list[str]:
@@ -238,7 +245,7 @@ def stale_results(results: list[StageResult]) -> list[tuple[StageResult, StageRe
         started = _started(result)
         for gate in gates(result.stage):
             gate_started = _started(by_stage[gate]) if gate in by_stage else None
-            if started and gate_started and gate_started > started:
+            if started and gate_started and gate_started - started > STALE_AFTER:
                 stale.append((result, by_stage[gate]))
                 break
     return stale
