@@ -251,6 +251,8 @@ def print_verdicts():
     from recipeval.publish.summary import verdict_lines
 
     print(
-        "\n".join(["", "recipeval:", *verdict_lines(Path(RESULTS), RECIPES, RUN_STARTED)]),
+        "\n".join(
+            ["", "recipeval:", *verdict_lines(Path(RESULTS), RECIPES, RUN_STARTED)]
+        ),
         flush=True,
     )
