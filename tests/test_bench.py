@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import yaml
 from conftest import TINY_RECIPE
 from runner_jobs import python_launch
@@ -149,6 +150,20 @@ for i in range(400):
     t0 += r + a + 10
     time.sleep(0.05)
 """
+
+
+def test_the_decision_that_stopped_the_run_stands_while_its_last_lines_arrive(tmp_path):
+    """A Ray job takes seconds to stop, and its last steps came through the watcher again: a
+    noisy one turned the summary's stop reason from "precise" into "continue"."""
+    options = load_recipe(bench_recipe(tmp_path, rel_ci=0.05, min_steps=5)).recipe.stages.bench
+    watcher = BenchWatcher(list(options.metrics), stopping_rule(options))
+    rng = np.random.default_rng(3)
+    steady = {m: 100 * (1 + 0.001 * rng.standard_normal(12)) for m in options.metrics}
+    steps = pd.DataFrame({"rollout_id": range(12), **steady})
+    assert watcher(steps) and watcher.decision.reason == "precise"
+    late = pd.DataFrame({"rollout_id": [12], **{m: [400.0] for m in options.metrics}})
+    assert watcher(pd.concat([steps, late], ignore_index=True))
+    assert watcher.decision.reason == "precise" and watcher.calls == 1
 
 
 def test_live_run_is_stopped_by_the_stopping_rule(tmp_path, capsys):

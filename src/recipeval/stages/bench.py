@@ -89,6 +89,10 @@ class BenchWatcher:
     seconds: float = 0.0  # time spent deciding, to show the hook costs nothing
 
     def __call__(self, steps: pd.DataFrame) -> bool:
+        if self.decision is not None and self.decision.stop:
+            # Lines keep coming while the runner stops the job (a Ray job takes seconds): the
+            # decision that stopped it stands, or the summary would call the stop "continue".
+            return True
         start = time.perf_counter()
         self.decision = decide(watched_series(steps, self.metrics), self.rule)
         self.calls += 1
