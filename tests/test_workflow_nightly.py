@@ -91,6 +91,26 @@ def test_nightly_exit_status_follows_the_verdict(tmp_path: Path) -> None:
     assert verdict["ok"] is False and verdict["recipes"][0]["status"] == "failed"
 
 
+def _long_rule_nightly(workdir: Path, token: str) -> list[str]:
+    """argv of a nightly over a Snakefile whose one rule touches `started`, then sleeps as a
+    process named `token`."""
+    (workdir / "Snakefile").write_text(
+        f'rule long:\n    output: "never.txt"\n    shell: "touch started; exec -a {token} sleep 600"\n'
+    )
+    return [
+        str(BIN / "recipeval"),
+        "nightly",
+        "--cores",
+        "1",
+        "--verdict",
+        str(workdir / "v.json"),
+        "--snakefile",
+        str(workdir / "Snakefile"),
+        "--directory",
+        str(workdir),
+    ]
+
+
 @pytest.mark.parametrize(
     ("signum", "inherited_sigint"),
     [
@@ -105,21 +125,7 @@ def test_a_stopped_nightly_stops_snakemake_and_its_local_jobs(
     tmp_path: Path, signum: signal.Signals, inherited_sigint: signal.Handlers
 ) -> None:
     token = f"recipeval-nightly-{os.getpid()}"
-    (tmp_path / "Snakefile").write_text(
-        f'rule long:\n    output: "never.txt"\n    shell: "touch started; exec -a {token} sleep 600"\n'
-    )
-    argv = [
-        str(BIN / "recipeval"),
-        "nightly",
-        "--cores",
-        "1",
-        "--verdict",
-        str(tmp_path / "v.json"),
-        "--snakefile",
-        str(tmp_path / "Snakefile"),
-        "--directory",
-        str(tmp_path),
-    ]
+    argv = _long_rule_nightly(tmp_path, token)
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
@@ -152,21 +158,7 @@ def test_a_killed_nightly_still_cancels_snakemake_and_its_jobs(tmp_path: Path) -
     """kill -9 leaves the nightly no handler: snakemake, re-parented, went on to the next
     rules, and the next nightly met its lock."""
     token = f"recipeval-killed-nightly-{os.getpid()}"
-    (tmp_path / "Snakefile").write_text(
-        f'rule long:\n    output: "never.txt"\n    shell: "touch started; exec -a {token} sleep 600"\n'
-    )
-    argv = [
-        str(BIN / "recipeval"),
-        "nightly",
-        "--cores",
-        "1",
-        "--verdict",
-        str(tmp_path / "v.json"),
-        "--snakefile",
-        str(tmp_path / "Snakefile"),
-        "--directory",
-        str(tmp_path),
-    ]
+    argv = _long_rule_nightly(tmp_path, token)
     proc = subprocess.Popen(
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
