@@ -418,11 +418,12 @@ def _check_publish_outputs(outputs: PublishOutputs, plots: bool, inputs: list[Pa
     written: dict[Path, str] = {}
     files = [("--junit", outputs.junit), ("--verdict", outputs.verdict)]
     for option, path in [*files, *(("--tables", file) for file in outputs.table_files())]:
-        if where(path) in read:
+        real = where(path)
+        if real in read:
             _die(f"{option} {path}: is a stage result this publish reads; name another file")
-        if where(path) in written:
-            _die(f"{option} {path}: {written[where(path)]} writes the same file; name another")
-        written[where(path)] = option
+        if real in written:
+            _die(f"{option} {path}: {written[real]} writes the same file; name another")
+        written[real] = option
 
     paths = [
         ("--tables", outputs.tables, output_path_problem),
