@@ -16,6 +16,7 @@ from recipeval.analysis.steady_state import (
     run_until_stop,
     steady_state,
     trimmed_mean_interval,
+    window_interval,
 )
 
 
@@ -228,6 +229,45 @@ def test_a_drift_is_not_steady() -> None:
     assert est.to_dict()["not_steady"] == est.not_steady
     rule = StoppingRule(rel_ci=0.05, min_steps=5, max_steps=40)
     assert decide({"t": x}, rule).stop is False  # narrow enough, but not steady
+
+
+def test_a_drift_too_small_to_call_is_still_covered_at_20_steps() -> None:
+    # +0.1 % a step at 2 % noise: on 20 steps the trend test rarely sees it, and the mean sits
+    # half a window (+0.95 %) above the level the run started at.
+    rng = np.random.default_rng(37)
+    traces = [
+        100 * (1 + 0.001 * np.arange(20)) * (1 + 0.02 * rng.standard_normal(20)) for _ in range(300)
+    ]
+
+    def honest(kind: str) -> float:
+        estimates = [steady_state(x, kind=kind) for x in traces]  # type: ignore[arg-type]
+        return float(np.mean([e.interval.covers(100.0) or e.trending for e in estimates]))
+
+    assert honest("window") >= 0.92
+    assert honest("level") < 0.85
+
+
+def test_the_window_interval_holds_the_level_interval_at_about_twice_its_width() -> None:
+    rng = np.random.default_rng(41)
+    ratios = []
+    for _ in range(200):
+        x = 100 * (1 + 0.02 * rng.standard_normal(20))
+        window, level = steady_state(x), steady_state(x, kind="level")
+        assert (window.kind, level.kind) == ("window", "level")
+        assert window.interval.low <= level.interval.low <= level.interval.high
+        assert level.interval.high <= window.interval.high
+        assert window.interval.estimate == level.interval.estimate
+        ratios.append(window.interval.width / level.interval.width)
+    assert 1.6 < float(np.median(ratios)) < 2.6
+    assert steady_state([100.0] * 12).interval.width == 0.0
+
+
+def test_the_window_interval_follows_the_fitted_ends_of_a_clear_trend() -> None:
+    x = 100 + 0.5 * np.arange(12.0) + np.tile([0.1, -0.1], 6)
+    iv = window_interval(x)
+    first, last = 100.0, 105.5  # the trend's level at the first and last step
+    assert iv.low < first and last < iv.high
+    assert iv.estimate == pytest.approx(x.mean())
 
 
 def test_steady_noise_rarely_shows_a_trend() -> None:
