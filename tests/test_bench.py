@@ -17,7 +17,7 @@ from runner_jobs import python_launch
 from recipeval.exit_codes import exit_code
 from recipeval.recipe import load_recipe
 from recipeval.stages import driver
-from recipeval.stages.bench import BENCH, BenchWatcher, judge, stopping_rule
+from recipeval.stages.bench import BENCH, BenchWatcher, complete_rows, judge, stopping_rule
 from recipeval.stages.common import StageRequest, execute, resolve_and_render
 
 ROLLOUT, TRAIN = 150.0, 182.0
@@ -130,6 +130,18 @@ def test_a_drifting_run_is_reported_not_steady(tmp_path):
     assert rollout["trend_p"] < 0.01
 
 
+def test_the_recipe_chooses_what_the_interval_covers(tmp_path):
+    log = miles_log(tmp_path / "b.log", 20)
+    _, window = judged(bench_recipe(tmp_path), tmp_path / "window", log)
+    _, level = judged(bench_recipe(tmp_path, interval="level"), tmp_path / "level", log)
+    assert (window["summary"]["interval"], level["summary"]["interval"]) == ("window", "level")
+    wide = window["summary"]["metrics"]["perf/rollout_time"]
+    narrow = level["summary"]["metrics"]["perf/rollout_time"]
+    assert (wide["interval"], narrow["interval"]) == ("window", "level")
+    assert wide["low"] < narrow["low"] < narrow["high"] < wide["high"]
+    assert wide["estimate"] == narrow["estimate"]
+
+
 def test_unlogged_metric_is_an_error_naming_it(tmp_path):
     recipe = bench_recipe(tmp_path, metrics=["perf/rollout_time", "perf/no_such_time"])
     code, result = judged(recipe, tmp_path / "out", miles_log(tmp_path / "b.log", 10))
@@ -188,7 +200,13 @@ def test_live_run_is_stopped_by_the_stopping_rule(tmp_path, capsys):
     assert re.search(r"interval \d+\.\d% \(rel_ci 2 %\)", progress[-1]), progress[-1]
     assert 2 + 5 <= len(outcome.steps) < 30
     judgement, estimates = judge(outcome, options, {}, watcher)
+    # Judged on the steps the rule stopped on, not on those that finished while it stopped.
     assert judgement.error is None and all(c.ok for c in judgement.checks)
     assert judgement.summary["stop"] == "precise"
+    summary = judgement.summary
+    assert summary["steps"] == watcher.decision.steps
+    assert summary["steps"] + summary["steps_after_stop"] == len(
+        complete_rows(outcome.steps, options.metrics)
+    )
     assert estimates["perf/rollout_time"].interval.covers(150.0)
     assert watcher.calls >= 2 * 7  # called after every metric line

@@ -246,6 +246,12 @@ class BenchStage(StageOptions):
     min_steps: Annotated[int, Field(ge=MIN_STEADY_STEPS)] = 10
     max_steps: PositiveInt = 40
     rel_ci: Annotated[float, Field(gt=0, lt=1)] = 0.03
+    interval: Literal["window", "level"] = Field(
+        "window",
+        description="what the interval covers: 'window', the level at every step of the run "
+        "with an allowance for a trend too small to call (about twice as wide); 'level', the "
+        "mean level, taking the steps as free of any trend",
+    )
     on_max_steps: Literal["fail", "warn"] = "warn"
     tolerance: Annotated[float, Field(gt=0, lt=1)] = Field(
         0.10, description="relative band around `expect` values"

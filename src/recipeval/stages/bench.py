@@ -3,8 +3,10 @@ enough, then report it.
 
 While the run goes, after each metric line the step table is handed to the stopping rule
 (analysis.steady_state: warm-up found from the data, odd steps dropped, 10 % trimmed mean
-with its 95 % interval); the run is stopped as soon as every watched metric has `min_steps`
-steady steps and an interval no wider than `rel_ci` of its value, or at `max_steps`. The
+with its 95 % interval, by default widened to cover the level at every step of the window);
+the run is stopped as soon as every watched metric has `min_steps` steady steps and an
+interval no wider than `rel_ci` of its value, or at `max_steps`. The verdict judges the steps
+up to that decision, not the ones logged while the trainer was being stopped. The
 verdict per metric: precise enough (else fail or warn, as `on_max_steps` says, with the width
 reached), and within `tolerance` of the recipe's `expect.bench` value (slower fails; faster by
 more than the tolerance is flagged as a warning, as Megatron's perf tests flag it: either the
@@ -53,8 +55,15 @@ _HIGHER_IS_BETTER = ("per_sec", "per_s", "tflops", "throughput")
 
 def stopping_rule(options: BenchStage) -> StoppingRule:
     return StoppingRule(
-        rel_ci=options.rel_ci, min_steps=options.min_steps, max_steps=options.max_steps
+        rel_ci=options.rel_ci,
+        min_steps=options.min_steps,
+        max_steps=options.max_steps,
+        interval=options.interval,
     )
+
+
+def _steady(values: np.ndarray, metric: str, rule: StoppingRule) -> SteadyEstimate:
+    return steady_state(values, metric, rule.confidence, kind=rule.interval)
 
 
 def complete_rows(steps: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
@@ -71,7 +80,10 @@ def complete_rows(steps: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
 def watched_series(steps: pd.DataFrame, metrics: list[str]) -> dict[str, np.ndarray]:
     """metric -> its values over the complete rows, NaN where not logged (an absent column is
     all NaN, so the rule can never call it precise)."""
-    rows = complete_rows(steps, metrics)
+    return _series(complete_rows(steps, metrics), metrics)
+
+
+def _series(rows: pd.DataFrame, metrics: list[str]) -> dict[str, np.ndarray]:
     return {
         m: rows[m].to_numpy(float) if m in rows.columns else np.full(len(rows), math.nan)
         for m in metrics
@@ -196,14 +208,23 @@ def judge(
     rule = stopping_rule(options)
     steps = outcome.steps
     rows = complete_rows(steps, options.metrics)
-    series = watched_series(steps, options.metrics)
-    estimates = {m: steady_state(v, m, rule.confidence) for m, v in series.items()}
+    stop = _stop_reason(outcome, watcher)
+    late = 0
+    if watcher is not None and watcher.decision is not None and stop == "precise":
+        # Judged on the steps the rule stopped on: a step that finished while the job was being
+        # stopped could widen an interval and fail the precision the run was stopped for.
+        late = max(len(rows) - watcher.decision.steps, 0)
+        rows = rows.iloc[: watcher.decision.steps]
+    series = _series(rows, options.metrics)
+    estimates = {m: _steady(v, m, rule) for m, v in series.items()}
     summary: dict[str, Any] = {
         "rel_ci": rule.rel_ci,
         "min_steps": rule.min_steps,
         "max_steps": rule.max_steps,
+        "interval": rule.interval,
         "steps": len(rows),
-        "stop": _stop_reason(outcome, watcher),
+        "steps_after_stop": late,
+        "stop": stop,
         "metrics": {m: e.to_dict() for m, e in estimates.items()},
     }
     if watcher is not None:
@@ -212,7 +233,7 @@ def judge(
             1e3 * watcher.seconds / max(watcher.calls, 1), 3
         )
     if TOKENS_PER_GPU in steps.columns:
-        tokens = steady_state(rows[TOKENS_PER_GPU].to_numpy(float), TOKENS_PER_GPU, rule.confidence)
+        tokens = _steady(rows[TOKENS_PER_GPU].to_numpy(float), TOKENS_PER_GPU, rule)
         estimates[TOKENS_PER_GPU] = tokens
         summary["tokens_per_gpu_per_sec"] = tokens.to_dict()
     failure = run_failure(outcome)
@@ -240,7 +261,7 @@ def judge(
             )
             continue
         if metric not in estimates:
-            estimates[metric] = steady_state(rows[metric].to_numpy(float), metric, rule.confidence)
+            estimates[metric] = _steady(rows[metric].to_numpy(float), metric, rule)
             summary["metrics"][metric] = estimates[metric].to_dict()
         checks.append(expect_check(estimates[metric], key, expected, options.tolerance))
     imprecise = [
