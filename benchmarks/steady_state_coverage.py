@@ -21,7 +21,7 @@ max(a * r**i, 25 %) with a ~ U(0.5, 3), r ~ U(0.3, 0.7) (a first step 1.5-4x slo
 after the warm-up each step is an outlier with probability 5 %, slower by U(15 %, 80 %).
 
     python benchmarks/steady_state_coverage.py [--traces 1000] [--seed 0] [--part all|shapes|drift-bound]
-        [--max-steps 20]
+        [--max-steps 20] [--rel-ci 0.03] [--interval window|level]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from scipy import stats
 from step_time_generators import HELD_OUT, TUNED
 
 from recipeval.analysis.steady_state import (
+    IntervalKind,
     StoppingRule,
     detect_warmup,
     run_until_stop,
@@ -70,10 +71,12 @@ def warmup_accuracy(traces: list[Trace], length: int) -> tuple[float, float]:
     return float(np.mean(np.array(hits) <= 1)), float(np.mean(np.array(hits) == 0))
 
 
-def fixed_length_coverage(traces: list[Trace], length: int) -> tuple[float, float]:
+def fixed_length_coverage(
+    traces: list[Trace], length: int, kind: IntervalKind
+) -> tuple[float, float]:
     covered, widths = [], []
     for t in traces:
-        iv = steady_state(t.values[:length]).interval
+        iv = steady_state(t.values[:length], kind=kind).interval
         covered.append(iv.covers(t.mean))
         widths.append(iv.rel_width)
     return float(np.mean(covered)), float(np.median(widths))
@@ -132,7 +135,7 @@ def describe(res: dict[str, float], rule: StoppingRule, fixed_steps: int | None 
     )
 
 
-def calibrate(traces: list[Trace], precision: float, min_steps: int) -> float:
+def calibrate(traces: list[Trace], precision: float, min_steps: int, kind: IntervalKind) -> float:
     """The rel_ci (bisection, 6 rounds) at which adaptive runs keep 95 % of their errors
     within +/-precision on these traces; the realised error grows with rel_ci. The lower end
     (rel_ci = precision) is not itself tested: the pick checks it."""
@@ -140,7 +143,9 @@ def calibrate(traces: list[Trace], precision: float, min_steps: int) -> float:
     for _ in range(6):
         mid = (low + high) / 2
         if (
-            adaptive(traces, StoppingRule(mid, min_steps, ADAPTIVE_MAX_STEPS))["p95_err"]
+            adaptive(traces, StoppingRule(mid, min_steps, ADAPTIVE_MAX_STEPS, interval=kind))[
+                "p95_err"
+            ]
             > precision
         ):
             high = mid
@@ -153,7 +158,8 @@ def shapes(n_traces: int, seed: int, rule: StoppingRule) -> None:
     """Section 4: honest (covers the truth, or reported not steady) at 20 steps and at the stop."""
     print(
         f"4. issue-23 shapes, {n_traces} traces each; rule: rel_ci {rule.rel_ci:.0%}, min_steps "
-        f"{rule.min_steps}, max_steps {rule.max_steps} (target: honest >= 92 %)"
+        f"{rule.min_steps}, max_steps {rule.max_steps}, interval {rule.interval} (target: "
+        "honest >= 92 %)"
     )
     print(
         f"   {'family':8} {'shape':15} {'honest@20':>9} {'not steady@20':>13} {'honest@stop':>11} "
@@ -163,7 +169,7 @@ def shapes(n_traces: int, seed: int, rule: StoppingRule) -> None:
     for family, generators in (("tuned", TUNED), ("held-out", HELD_OUT)):
         for name, generate in generators.items():
             traces = [generate(rng) for _ in range(n_traces)]
-            at20 = [steady_state(t.values[:20]) for t in traces]
+            at20 = [steady_state(t.values[:20], kind=rule.interval) for t in traces]
             honest20 = np.mean(
                 [
                     e.interval.covers(t.truth) or e.trending
@@ -228,13 +234,27 @@ def main() -> None:
         default=StoppingRule().max_steps,
         help="max_steps of the rule in section 4",
     )
+    parser.add_argument(
+        "--rel-ci",
+        type=float,
+        default=StoppingRule().rel_ci,
+        help="rel_ci of the rule in section 4",
+    )
+    parser.add_argument(
+        "--interval",
+        choices=("window", "level"),
+        default=StoppingRule().interval,
+        help="what the intervals cover (stages.bench.interval)",
+    )
     args = parser.parse_args()
+    kind = args.interval
+    section4 = StoppingRule(rel_ci=args.rel_ci, max_steps=args.max_steps, interval=kind)
     if args.part == "drift-bound":
         drift_bound(args.traces, args.seed)
         return
     if args.part == "shapes":
         t0 = time.perf_counter()
-        shapes(args.traces, args.seed, StoppingRule(max_steps=args.max_steps))
+        shapes(args.traces, args.seed, section4)
         print(f"\n({time.perf_counter() - t0:.0f} s)")
         return
     rng = np.random.default_rng(args.seed)
@@ -251,7 +271,7 @@ def main() -> None:
 
     print("\n2. coverage of the true steady mean by the 95 % interval (nominal 95 %)")
     for length in (10, 20, 40):
-        cov, width = fixed_length_coverage(traces, length)
+        cov, width = fixed_length_coverage(traces, length, kind)
         print(
             f"   odd steps out, 10% trimmed mean, Tukey-McLaughlin, first {length:2d} steps: "
             f"coverage {cov:6.1%}   median width {width:.2%} of the value"
@@ -279,7 +299,7 @@ def main() -> None:
         errors = [abs(schedule(t.values) - t.mean) / t.mean for t in traces]
         precision = float(np.quantile(errors, 0.95))
         print(f"   {name}: {fixed_steps} steps; 95 % of its errors within +/-{precision:.2%}")
-        claimed = StoppingRule(rel_ci=2 * precision, min_steps=5, max_steps=ADAPTIVE_MAX_STEPS)
+        claimed = StoppingRule(2 * precision, 5, ADAPTIVE_MAX_STEPS, interval=kind)
         res = adaptive(traces, claimed)
         print(
             "      adaptive, min_steps 5, interval claims the same precision: "
@@ -288,7 +308,10 @@ def main() -> None:
         candidates = []
         for min_steps in (3, 4, 5, 6, 9):
             rule = StoppingRule(
-                calibrate(calibration, precision, min_steps), min_steps, ADAPTIVE_MAX_STEPS
+                calibrate(calibration, precision, min_steps, kind),
+                min_steps,
+                ADAPTIVE_MAX_STEPS,
+                interval=kind,
             )
             held_out = adaptive(calibration, rule)
             if held_out["p95_err"] <= precision:
@@ -310,10 +333,10 @@ def main() -> None:
             f"{pick.min_steps}, rel_ci {pick.rel_ci:.2%}; 95 % of errors within "
             f"+/-{res['p95_err']:.2%} against the schedule's +/-{precision:.2%})"
         )
-    default = StoppingRule(rel_ci=0.03, min_steps=5, max_steps=ADAPTIVE_MAX_STEPS)
+    default = StoppingRule(rel_ci=0.03, min_steps=5, max_steps=ADAPTIVE_MAX_STEPS, interval=kind)
     print("   default rule, min_steps 5: " + describe(adaptive(traces, default), default))
     print()
-    shapes(args.traces, args.seed + 2, StoppingRule(max_steps=args.max_steps))
+    shapes(args.traces, args.seed + 2, section4)
     print(f"\n({time.perf_counter() - t0:.0f} s)")
 
 
