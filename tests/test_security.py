@@ -240,6 +240,11 @@ def _base() -> str:
     return TINY_RECIPE.read_text()
 
 
+def _appended_line() -> int:
+    """The line a key appended to the tiny recipe lands on."""
+    return len(_base().splitlines()) + 1
+
+
 def _edited(old: str, new: str, count: int = -1) -> str:
     """The tiny recipe with `old` replaced: fails loudly when the shipped recipe no longer has it."""
     base = _base()
@@ -327,7 +332,7 @@ def test_case5_big_integer_and_non_finite_numbers(tmp_path):
             None,
         ),
         "timeout": (_edited("timeout: 10m\n  logprob", "timeout: .inf\n  logprob"), 41),
-        "rel_ci": (_edited("rel_ci: 0.25", "rel_ci: .nan"), None),
+        "rel_ci": (_edited("rel_ci: 0.5", "rel_ci: .nan"), None),
     }
     for name, (text, line) in cases.items():
         path = tmp_path / f"{name}.yaml"
@@ -373,7 +378,7 @@ def test_case5_out_must_be_a_usable_folder(tmp_path, bad):
 def test_case7_env_names_values_and_arg_names(tmp_path):
     path = tmp_path / "env.yaml"
     path.write_text(_base() + 'env: {"A=B": "1", "BAD$(x)": "2", "A B": "3", OK: "a\\0b"}\n')
-    err = _refused(path, line=60)
+    err = _refused(path, line=_appended_line())
     for name in (
         "env.A=B",
         "env.BAD$(x)",
@@ -406,7 +411,7 @@ def test_case7_env_check_of_a_huge_cluster_is_bounded(tmp_path):
 def test_case8_exec_env_refused_unless_allowed(tmp_path, name):
     refused = tmp_path / "x.yaml"
     refused.write_text(_base() + f"env: {{{name}: /tmp/x.sh}}\n")
-    assert "allow_exec_env" in _refused(refused, line=60)
+    assert "allow_exec_env" in _refused(refused, line=_appended_line())
     allowed = tmp_path / "ok.yaml"
     allowed.write_text(_base() + f"env: {{{name}: /tmp/x.sh}}\nallow_exec_env: [{name}]\n")
     assert run_cli("validate", str(allowed)).returncode == 0
