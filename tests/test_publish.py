@@ -141,6 +141,28 @@ def test_stage_plots_are_found_beside_a_moved_results_folder(tmp_path: Path) -> 
     assert plot.read_bytes() == b"\x89PNG\r\n\x1a\nmoved plot"
 
 
+def test_a_night_on_another_card_is_shown_and_named_as_what_changed(tmp_path: Path) -> None:
+    # A week on the recipe's MI355X, then the bench lands on other cards and runs slower.
+    for n, cycle in enumerate([474.0, 478.0, 471.0, 476.0, 473.0, 477.0, 475.0]):
+        _, outcome = _publish_night(tmp_path, n, cycle=cycle)
+        assert outcome.ok
+    results = tmp_path / "night7"
+    folder = write_run(results, AMD_RECIPE, night(7), cycle=600.0) / AMD_RECIPE.stem
+    bench = json.loads((folder / "bench.json").read_text())
+    bench["provenance"]["gpu"] = "AMD Instinct MI300X"
+    (folder / "bench.json").write_text(json.dumps(bench))
+    outcome = publish(
+        [results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings(), False
+    )
+    (verdict,) = outcome.verdicts.values()
+    assert verdict.status == "regressed"
+    assert ("provenance", "gpu", "MI355X", "AMD Instinct MI300X") in [
+        (c.kind, c.key, c.before, c.after) for c in verdict.changes
+    ]
+    row = pd.read_csv(results / "tables/benchmarks.csv", dtype=str).iloc[0]
+    assert row["GPUs"] == "MI355X x 32; ran on AMD Instinct MI300X"
+
+
 def test_tables_show_gate_failure_and_reason(tmp_path: Path) -> None:
     results, outcome = _publish_night(
         tmp_path, 0, smoke_status="fail", smoke_message="loss is nan at step 1"

@@ -26,6 +26,7 @@ from runner_jobs import (
     python_launch,
 )
 
+from recipeval.runners.base import node_gpus
 from recipeval.runners.local import LocalRunner
 from recipeval.runners.ray import entrypoint_command
 
@@ -154,3 +155,38 @@ def test_sigterm_to_the_stage_stops_its_local_job(tmp_path):
     assert stage.wait(timeout=60) == 128 + signal.SIGTERM
     assert "got SIGTERM, stopping the job" in stage.stderr.read()
     assert _alive([job_pid]) == []
+
+
+def driver_files(root: Path, nvidia: list[str], amd: list[str]) -> Path:
+    """The files the GPU drivers put under /proc and /sys, as NVIDIA's and amdgpu's write them."""
+    for i, model in enumerate(nvidia):
+        info = root / f"proc/driver/nvidia/gpus/0000:{i:02x}:00.0/information"
+        info.parent.mkdir(parents=True)
+        info.write_text(f"Model: \t\t {model}\nIRQ:   \t\t 62\nGPU UUID: \t GPU-{i}\n")
+    for i, name in enumerate(amd):
+        product = root / f"sys/class/drm/card{i}/device/product_name"
+        product.parent.mkdir(parents=True)
+        product.write_text(name + "\n")
+    return root
+
+
+def test_node_gpus_names_each_model_the_drivers_list_once(tmp_path):
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert node_gpus(driver_files(tmp_path / "nv", [h100] * 8, [])) == h100
+    assert node_gpus(
+        driver_files(
+            tmp_path / "amd",
+            [],
+            ["AMD Instinct MI355X"] * 2,
+        )
+    ) == ("AMD Instinct MI355X")
+    mixed = driver_files(tmp_path / "mixed", [h100, "NVIDIA H200"], [""])
+    assert node_gpus(mixed) == "NVIDIA H100 80GB HBM3, NVIDIA H200"
+    assert node_gpus(tmp_path / "none") is None
+
+
+def test_the_local_runner_says_which_card_its_job_ran_on(tmp_path, monkeypatch):
+    # The job runs on this node: its cards are what the node's drivers list.
+    root = driver_files(tmp_path, ["NVIDIA H200"], [])
+    monkeypatch.setattr("recipeval.runners.base.node_gpus", lambda: node_gpus(root))
+    assert LocalRunner().describe() == {"runner": "local", "gpu": "NVIDIA H200"}

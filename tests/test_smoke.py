@@ -24,9 +24,11 @@ from runner_jobs import miles_like_program, python_launch
 
 from recipeval.recipe import load_recipe
 from recipeval.result import read_result
+from recipeval.runners.base import node_gpus
+from recipeval.stages import driver
 from recipeval.stages.common import StageRequest, execute, resolve_and_render
 from recipeval.stages.driver import finish
-from recipeval.stages.smoke import judge
+from recipeval.stages.smoke import SMOKE, judge
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 
@@ -319,10 +321,23 @@ def test_tiny_recipe_smoke_passes(cli, tmp_path, runner):
     assert proc.returncode == 0, result["message"]
     assert result["status"] == "pass"
     assert result["summary"]["runner"] == runner and result["summary"]["rollouts_parsed"] == 3
+    # The card the run used (none on a CPU machine), not the one the recipe names.
+    info = result["summary"]["runner_info"]
+    assert info["gpu"] == result["provenance"]["gpu"] == node_gpus()
     if runner == "ray":
-        info = result["summary"]["runner_info"]
         assert info["head"] == "private"
         assert _no_process_names(info["ray_temp_dir"]), "the private head was stopped"
+
+
+def test_the_result_names_the_card_the_run_used(tmp_path, monkeypatch):
+    # As if this node's drivers listed an H200: the result says so, whatever the recipe names.
+    monkeypatch.setattr("recipeval.runners.base.node_gpus", lambda: "NVIDIA H200")
+    request = StageRequest(
+        stage="smoke", loaded=load_recipe(TINY_RECIPE), out=tmp_path, runner="local", timeout=300
+    )
+    result = driver.run(SMOKE, request)
+    assert result.status == "pass", result.message
+    assert read_result(tmp_path / "smoke.json").provenance.gpu == "NVIDIA H200"
 
 
 def hostile_recipe(tmp_path: Path) -> tuple[Path, Path]:

@@ -109,14 +109,21 @@ def _drift_text(rec: RunRecord) -> str:
     return (f"{len(names)}: {', '.join(names)}" if names else "none") + at
 
 
+def _gpus_text(rec: RunRecord) -> str:
+    """The recipe's GPUs, and the card the stages saw where it is not the recipe's: numbers
+    from an MI300X night must not pass for MI355X numbers."""
+    if not (rec.gpu and rec.nodes and rec.gpus_per_node):
+        return "CPU"
+    text = f"{rec.gpu} x {rec.nodes * rec.gpus_per_node}"
+    seen = rec.provenance.get("gpu")
+    if seen and rec.gpu.casefold() not in seen.casefold():
+        text += f"; ran on {seen}"
+    return text
+
+
 def table(records: list[RunRecord], verdicts: dict[str, RecipeVerdict]) -> pd.DataFrame:
     rows = []
     for rec in records:
-        gpus = (
-            f"{rec.gpu} x {rec.nodes * rec.gpus_per_node}"
-            if rec.gpu and rec.nodes and rec.gpus_per_node
-            else "CPU"
-        )
         # Verdicts first, then results, then what identifies the run: a screen shows the
         # columns that matter before it needs a scroll.
         row: dict[str, object] = {
@@ -133,7 +140,7 @@ def table(records: list[RunRecord], verdicts: dict[str, RecipeVerdict]) -> pd.Da
         row.update(
             {
                 "platform": rec.platform or "",
-                "GPUs": gpus,
+                "GPUs": _gpus_text(rec),
                 "layout": rec.layout or "",
                 "max response len": rec.max_response_len or "",
                 "date": (rec.date or "")[:16].replace("T", " "),

@@ -64,8 +64,9 @@ class Runner(ABC):
     ) -> RunResult: ...
 
     def describe(self) -> dict[str, object]:
-        """Where jobs run, for the stage summary (e.g. Ray address, nodes, GPUs)."""
-        return {"runner": self.name}
+        """Where jobs run, for the stage summary (e.g. Ray address, nodes, GPUs); `gpu` is the
+        card the job ran on, where the runner runs it on this node."""
+        return {"runner": self.name, "gpu": node_gpus()}
 
     def close(self) -> None:
         """Release what the runner started for itself (e.g. a private Ray head)."""
@@ -75,6 +76,32 @@ class Runner(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def node_gpus(root: Path = Path("/")) -> str | None:
+    """The GPU models this node's drivers list (distinct, sorted, ", "-joined; None: none),
+    read from the driver's files, so it costs no torch import and no subprocess: NVIDIA's
+    /proc/driver/nvidia/gpus/*/information ("Model:" line), amdgpu's
+    /sys/class/drm/card*/device/product_name. The card a run used is what tells a slower
+    night on another card from a regression; the recipe only says what it expects."""
+    names = set()
+    for info in sorted(root.glob("proc/driver/nvidia/gpus/*/information")):
+        for line in _read(info).splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "Model" and value.strip():
+                names.add(value.strip())
+    for product in sorted(root.glob("sys/class/drm/card*/device/product_name")):
+        name = _read(product).strip()
+        if name:
+            names.add(name)
+    return ", ".join(sorted(names)) or None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 class Deadline:

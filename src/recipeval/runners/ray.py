@@ -32,6 +32,7 @@ from recipeval.runners.base import (
     Runner,
     RunnerError,
     RunResult,
+    node_gpus,
     start_watchdog,
 )
 
@@ -89,6 +90,8 @@ class RayRunner(Runner):
             "address": self.address,
             "head": head,
             "ray_temp_dir": own.temp_dir if own else None,
+            # A head started here runs the job here; an external cluster's cards are unknown.
+            "gpu": node_gpus() if own else None,
         }
 
     def close(self) -> None:

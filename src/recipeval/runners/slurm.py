@@ -30,7 +30,7 @@ import psutil
 from recipeval.atomic import atomic_write_text
 from recipeval.engines.launch import Launch
 from recipeval.runners import ray_head
-from recipeval.runners.base import LineSink, RunnerError, RunResult
+from recipeval.runners.base import LineSink, RunnerError, RunResult, node_gpus
 from recipeval.runners.ray import RayRunner
 
 JOIN_TIMEOUT_S = 300.0
@@ -324,6 +324,8 @@ class SlurmRunner(RayRunner):
             "gpus_per_node": self.gpus,
             "ray_temp_dir": self.cluster.head.temp_dir if self.cluster else None,
             "head_reused": self.reused,
+            # The stage runs inside the allocation, on its first node.
+            "gpu": node_gpus(),
         }
 
     def close(self) -> None:

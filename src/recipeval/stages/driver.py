@@ -44,7 +44,8 @@ class Verdict:
     steps: pd.DataFrame | None = None  # the step table to write (None: no run)
     artifacts: dict[str, str] = field(default_factory=dict)  # files it wrote beside the result
     run_facts: dict[str, object] = field(default_factory=dict)  # runner, exit code, ...
-    gpu: str | None = None  # the GPU it saw, when it looked (env_check's live probe)
+    # The GPU it saw, where it looked: env_check's live probe, or the node a run ran on.
+    gpu: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,12 @@ def launch_once(
         resolved, launch = resolve_and_render(request)
         hook = on_steps(request) if on_steps is not None else None
         outcome = execute(request, resolved, launch, request.artifact(".log"), hook)
-        return Verdict(judge(request, outcome), outcome.steps, run_facts=run_summary(outcome))
+        return Verdict(
+            judge(request, outcome),
+            outcome.steps,
+            run_facts=run_summary(outcome),
+            gpu=outcome.runner_info.get("gpu"),
+        )
 
     return execute_once
 

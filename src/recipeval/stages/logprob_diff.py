@@ -90,6 +90,7 @@ class VariantRun:
     # This variant's rollout logprobs of the reference variant's sampled tokens.
     rescored: pd.DataFrame | None = None
     rescore_log: list[str] = dataclasses.field(default_factory=list)
+    gpu: str | None = None  # the card it ran on, where its runner knows (runner.describe)
 
 
 @dataclass
@@ -157,7 +158,12 @@ def run_variant(
         dump.unlink()
     # the variant's own log is gone: its lines are in the stage's log, after its marker
     return VariantRun(
-        label, outcome.steps, tokens, lines, _failure(outcome, request.artifact(".log"))
+        label,
+        outcome.steps,
+        tokens,
+        lines,
+        _failure(outcome, request.artifact(".log")),
+        gpu=outcome.runner_info.get("gpu"),
     )
 
 
@@ -465,7 +471,8 @@ def execute_logprob_diff(request: StageRequest) -> Verdict:
     judgement, verdicts = judge_all(runs, reference, limits, cutoff)
     steps, artifacts = write_outputs(request, runs, verdicts, cutoff)
     runner = "from-log" if request.from_log else request.runner or default_runner_name()
-    return Verdict(judgement, steps, artifacts, {"runner": runner})
+    gpu = next((run.gpu for run in runs if run.gpu), None)
+    return Verdict(judgement, steps, artifacts, {"runner": runner}, gpu)
 
 
 LOGPROB_DIFF = Stage(
