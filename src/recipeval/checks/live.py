@@ -10,6 +10,7 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from recipeval.checks.subject import Subject
+from recipeval.recipe.facts import gpu_model_matches
 from recipeval.result import Check
 
 # What each engine imports on the machine that runs it.
@@ -23,10 +24,6 @@ def _devices(found: dict[str, Any]) -> list[dict[str, Any]]:
         if info.get("devices"):
             return info["devices"]
     return []
-
-
-def _norm(name: str) -> str:
-    return "".join(ch for ch in name.upper() if ch.isalnum())
 
 
 def live_checks(subject: Subject, found: dict[str, Any]) -> list[Check]:
@@ -93,7 +90,7 @@ def live_checks(subject: Subject, found: dict[str, Any]) -> list[Check]:
             checks.extend(_trainer_env_checks(subject, found))
             names = sorted({d.get("name") or "?" for d in devices})
             if r.cluster.gpu:
-                ok = all(_norm(r.cluster.gpu) in _norm(n) for n in names)
+                ok = gpu_model_matches(r.cluster.gpu, names)
                 checks.append(
                     subject.check(
                         "probe.gpu-model",

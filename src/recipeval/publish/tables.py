@@ -10,6 +10,7 @@ import pandas as pd
 
 from recipeval.publish.compare import RecipeVerdict
 from recipeval.publish.records import RunRecord
+from recipeval.recipe.facts import gpu_model_matches
 from recipeval.recipe.schema import STAGES
 
 # Column -> metric name endings to look for in a record, first match wins.
@@ -116,7 +117,7 @@ def _gpus_text(rec: RunRecord) -> str:
         return "CPU"
     text = f"{rec.gpu} x {rec.nodes * rec.gpus_per_node}"
     seen = rec.provenance.get("gpu")
-    if seen and rec.gpu.casefold() not in seen.casefold():
+    if seen and not gpu_model_matches(rec.gpu, seen.split(", ")):
         text += f"; ran on {seen}"
     return text
 

@@ -3,6 +3,7 @@ response length, every value), taken when a stage runs, so publish never reads r
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from recipeval.recipe.resolve import Resolved
@@ -20,6 +21,16 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def gpu_model_matches(model: str, device_names: Iterable[str]) -> bool:
+    """Whether every device is of the recipe's GPU model ("MI355X" is "AMD Instinct MI355X",
+    "H100" is "NVIDIA H100 80GB HBM3"): letters and digits compared, case ignored."""
+
+    def norm(name: str) -> str:
+        return "".join(ch for ch in name.upper() if ch.isalnum())
+
+    return all(norm(model) in norm(name) for name in device_names)
 
 
 def recipe_facts(resolved: Resolved) -> dict[str, Any]:
