@@ -173,13 +173,8 @@ def driver_files(root: Path, nvidia: list[str], amd: list[str]) -> Path:
 def test_node_gpus_names_each_model_the_drivers_list_once(tmp_path):
     h100 = "NVIDIA H100 80GB HBM3"
     assert node_gpus(driver_files(tmp_path / "nv", [h100] * 8, [])) == h100
-    assert node_gpus(
-        driver_files(
-            tmp_path / "amd",
-            [],
-            ["AMD Instinct MI355X"] * 2,
-        )
-    ) == ("AMD Instinct MI355X")
+    mi355x = "AMD Instinct MI355X"
+    assert node_gpus(driver_files(tmp_path / "amd", [], [mi355x] * 2)) == mi355x
     mixed = driver_files(tmp_path / "mixed", [h100, "NVIDIA H200"], [""])
     assert node_gpus(mixed) == "NVIDIA H100 80GB HBM3, NVIDIA H200"
     assert node_gpus(tmp_path / "none") is None

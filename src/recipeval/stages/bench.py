@@ -323,8 +323,7 @@ def execute_bench(request: StageRequest) -> Verdict:
     expect = dict(request.loaded.recipe.expect.get("bench", {}))
     judgement, estimates = judge(outcome, options, expect, watcher)
     artifacts = _plot(request, outcome.steps, list(options.metrics), estimates)
-    gpu = outcome.runner_info.get("gpu")
-    return Verdict(judgement, outcome.steps, artifacts, run_summary(outcome), gpu)
+    return Verdict(judgement, outcome.steps, artifacts, run_summary(outcome), outcome.gpu)
 
 
 BENCH = Stage(

@@ -93,6 +93,11 @@ class StageRun:
     def steps(self) -> pd.DataFrame:
         return self.parsed.steps
 
+    @property
+    def gpu(self) -> str | None:
+        """The card the run used, where its runner knows (Runner.describe)."""
+        return self.runner_info.get("gpu")
+
     def tail_text(self, lines: int = 15) -> str:
         return "\n".join(self.tail[-lines:])
 

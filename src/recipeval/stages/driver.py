@@ -66,10 +66,7 @@ def launch_once(
         hook = on_steps(request) if on_steps is not None else None
         outcome = execute(request, resolved, launch, request.artifact(".log"), hook)
         return Verdict(
-            judge(request, outcome),
-            outcome.steps,
-            run_facts=run_summary(outcome),
-            gpu=outcome.runner_info.get("gpu"),
+            judge(request, outcome), outcome.steps, run_facts=run_summary(outcome), gpu=outcome.gpu
         )
 
     return execute_once

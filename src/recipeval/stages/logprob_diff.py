@@ -90,7 +90,7 @@ class VariantRun:
     # This variant's rollout logprobs of the reference variant's sampled tokens.
     rescored: pd.DataFrame | None = None
     rescore_log: list[str] = dataclasses.field(default_factory=list)
-    gpu: str | None = None  # the card it ran on, where its runner knows (runner.describe)
+    gpu: str | None = None  # StageRun.gpu
 
 
 @dataclass
@@ -163,7 +163,7 @@ def run_variant(
         tokens,
         lines,
         _failure(outcome, request.artifact(".log")),
-        gpu=outcome.runner_info.get("gpu"),
+        gpu=outcome.gpu,
     )
 
 
