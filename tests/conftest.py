@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -54,6 +56,12 @@ def run_cli(
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def files_of_at_most(limit: int) -> Callable[[], None]:
+    """preexec_fn: the child can write no file past `limit` bytes, as on a full disk (Python
+    ignores SIGXFSZ, so a write past it fails with EFBIG)."""
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
 
 def interruptible_session() -> None:

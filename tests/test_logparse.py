@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import PR_RECIPE
+from conftest import PR_RECIPE, files_of_at_most
 
 from recipeval.engines.miles import log_parser
 from recipeval.engines.miles.logparse import (
@@ -121,9 +122,20 @@ def test_parse_log_cli_writes_csv_and_parquet_and_reports_malformed(tmp_path):
         text=True,
         check=False,
     )
-    assert (
-        bad.returncode == 2 and "no such log file" in bad.stderr and "Traceback" not in bad.stderr
-    )
+    assert bad.returncode == 2 and "no such file" in bad.stderr and "Traceback" not in bad.stderr
+    # a folder or a FIFO named as the log: said so (both were "no such log file")
+    (tmp_path / "logs").mkdir()
+    os.mkfifo(tmp_path / "fifo.log")
+    for log, problem in [("logs", "is a folder"), ("fifo.log", "is not a regular file (a FIFO")]:
+        proc = subprocess.run(
+            [RECIPEVAL, "parse-log", str(tmp_path / log), "--out", str(tmp_path / "x.csv")],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith(f"recipeval: {tmp_path / log}: {problem}"), proc.stderr
     # an --out that cannot be a file: refused naming it, before reading (tracebacks before)
     (tmp_path / "folder.csv").mkdir()
     (tmp_path / "afile").write_text("")
@@ -140,6 +152,19 @@ def test_parse_log_cli_writes_csv_and_parquet_and_reports_malformed(tmp_path):
         message = " ".join(proc.stderr.replace("│", " ").split())  # rich wraps it in a box
         assert proc.returncode == 2 and problem in message, proc.stderr
         assert "Traceback" not in proc.stderr
+    # a table the disk cannot take: one line naming it (a traceback before), the old one kept
+    kept = tmp_path / "kept.csv"
+    kept.write_text("rollout_id\n7\n")
+    proc = subprocess.run(
+        [RECIPEVAL, "parse-log", str(LOGS / "miles_clean.log"), "--out", str(kept)],
+        capture_output=True,
+        text=True,
+        check=False,
+        preexec_fn=files_of_at_most(100),
+    )
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr == f"recipeval: {kept}: File too large\n"
+    assert kept.read_text() == "rollout_id\n7\n"
     # the longest name the system allows: its temporary sibling must fit too
     longest = tmp_path / ("a" * 247 + ".parquet")
     proc = subprocess.run(

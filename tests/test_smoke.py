@@ -19,7 +19,14 @@ import pandas as pd
 import psutil
 import pytest
 import yaml
-from conftest import TINY_RECIPE, clean_env, interruptible_session, kill_session, run_cli
+from conftest import (
+    TINY_RECIPE,
+    clean_env,
+    files_of_at_most,
+    interruptible_session,
+    kill_session,
+    run_cli,
+)
 from runner_jobs import miles_like_program, python_launch
 
 from recipeval.recipe import load_recipe
@@ -164,6 +171,30 @@ def test_a_folder_where_the_stage_writes_is_refused_before_anything_runs(cli, tm
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert sorted(p.name for p in out.iterdir()) == [occupied]
     assert (out / occupied / "kept").is_dir()
+
+
+def test_a_full_disk_stops_the_run_and_ends_in_one_line_naming_the_file(tmp_path):
+    """The log writer's OSError killed the runner's pump thread with a traceback and the run
+    went on; the stage then ended in a second traceback."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "recipeval", "smoke", str(TINY_RECIPE), "--out", str(out)]
+        + ["--runner", "local"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=300,
+        preexec_fn=files_of_at_most(4000),
+        check=False,
+    )
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception in thread" not in proc.stderr
+    assert re.fullmatch(rf"recipeval: {re.escape(str(out))}/smoke\.\S+: .*File too large", last)
+    # the run was stopped when its log could not be written, not left to run its 3 rollouts
+    assert "rollout 3/3" not in proc.stderr, proc.stderr
+    assert (out / "smoke.log").stat().st_size <= 4000
+    assert not (out / "smoke.json").exists()
 
 
 def test_timeout_option_overrides_the_recipe_and_ends_with_a_result(cli, tmp_path):

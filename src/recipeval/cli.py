@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from recipeval.errors import RecipeError, SettingError, UsageError
-from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK
+from recipeval.errors import RecipeError, SettingError, UsageError, os_error_line
+from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_FAIL, EXIT_OK
 from recipeval.outpath import out_file, out_folder, out_json_or_folder
 
 if TYPE_CHECKING:  # publish's modules load only when it runs
@@ -356,14 +356,16 @@ def parse_log(
     """Read a training log into a step table (one row per rollout id)."""
     from recipeval.engines import ENGINES
     from recipeval.engines.miles.logparse import write_steps
+    from recipeval.readfile import regular_file_problem
     from recipeval.stages.common import read_log
 
     if engine not in ENGINES:
         _die(f"--engine {engine!r} is not an engine; choose one of: {', '.join(ENGINES)}")
     if out.suffix not in (".csv", ".parquet"):
         _die(f"--out {out}: name a .csv or .parquet file")
-    if not log.is_file():
-        _die(f"{log}: no such log file")
+    problem = regular_file_problem(log)
+    if problem:
+        _die(f"{log}: {problem}")
     parsed = read_log(ENGINES[engine].parser(None), log)
     write_steps(parsed.steps, out)
     print(
@@ -813,3 +815,8 @@ def main() -> None:
         sys.exit(EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         sys.exit(130)
+    except OSError as err:
+        # A folder that cannot be made, a full disk, a file gone mid-run: the system's reason and
+        # the path it names, not a traceback.
+        print(f"recipeval: {os_error_line(err)}", file=sys.stderr)
+        sys.exit(EXIT_ERROR)

@@ -59,3 +59,10 @@ def unreadable_reason(err: ValueError | OSError) -> str:
     if isinstance(err, OSError):
         return err.strerror or type(err).__name__
     return str(err).splitlines()[0]
+
+
+def os_error_line(err: OSError) -> str:
+    """An operating-system error in one line: the path(s) it names and the system's reason."""
+    reason = err.strerror or str(err) or type(err).__name__
+    paths = [str(name) for name in (err.filename, err.filename2) if name is not None]
+    return f"{' -> '.join(paths)}: {reason}" if paths else reason

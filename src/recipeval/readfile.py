@@ -17,6 +17,21 @@ class FileTooLarge(OSError):
     """A regular file over the reader's limit."""
 
 
+def regular_file_problem(path: Path) -> str | None:
+    """Why `path` cannot be read as a regular file (missing, a folder, a FIFO...), or None."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as err:  # a symlink loop, a name too long, a folder we may not enter
+        return err.strerror or type(err).__name__
+    if stat.S_ISDIR(info.st_mode):
+        return "is a folder; name a log file"
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file (a FIFO, device or socket); name a log file"
+    return None
+
+
 def read_regular(path: Path, limit: int | None = None) -> bytes:
     """The bytes of the regular file `path` (at most `limit` of them, else FileTooLarge).
     Opened non-blocking, so a FIFO cannot hang us, and checked on the open descriptor, so

@@ -128,7 +128,8 @@ Judge = Callable[[StageRun], Judgement]
 
 class LogSink:
     """Writes each line (secrets scrubbed) to the stage log, feeds the parser, keeps the last
-    lines for error messages, and calls on_steps when the step table changed."""
+    lines for error messages, and calls on_steps when the step table changed. A log that cannot
+    be written (a full disk) or a callback that breaks stops the run and becomes `error`."""
 
     def __init__(
         self,
@@ -139,33 +140,44 @@ class LogSink:
         stop: threading.Event,
     ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self.secrets = secrets
         self.parser = parser
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.on_steps = on_steps
         self.stop = stop
-        self.callback_error: str | None = None
+        self.error: str | None = None
 
     def __call__(self, line: str) -> None:
         line = scrub(line, self.secrets)
-        self.file.write(line + "\n")
-        self.file.flush()
+        if self.error is None:
+            try:
+                self.file.write(line + "\n")
+                self.file.flush()
+            except OSError as err:
+                self._fail(f"cannot write the stage log {self.path}: {err.strerror or err}")
         self.tail.append(line)
-        if self.parser.feed(line) is None or self.on_steps is None or self.callback_error:
+        if self.parser.feed(line) is None or self.on_steps is None or self.error:
             return
         try:
             if self.on_steps(self.parser.table()):
                 self.stop.set()
         except Exception as err:  # noqa: BLE001 - a broken callback must not wedge the run
-            self.callback_error = f"on_steps failed: {type(err).__name__}: {err}"
-            self.stop.set()
+            self._fail(f"on_steps failed: {type(err).__name__}: {err}")
+
+    def _fail(self, message: str) -> None:
+        self.error = self.error or message
+        self.stop.set()
 
     def parsed(self) -> ParsedLog:
         return parsed_log(self.parser)
 
     def close(self) -> None:
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError as err:  # the last buffered bytes did not fit either
+            self._fail(f"cannot write the stage log {self.path}: {err.strerror or err}")
 
 
 def parsed_log(parser: LogParser) -> ParsedLog:
@@ -259,7 +271,7 @@ def execute(
     finally:
         sink.close()
         progress.close()
-    failure = failure or sink.callback_error
+    failure = failure or sink.error
     return StageRun(
         resolved, launch, run, sink.parsed(), log_path, list(sink.tail), runner_name, failure, info
     )
@@ -283,9 +295,13 @@ def _from_log(
                 sink(line.rstrip("\r\n"))
     finally:
         sink.close()
-    # Written aside, then moved: the given log may be the stage log itself.
-    shutil.move(sink.file.name, log_path)
-    return StageRun(resolved, launch, None, sink.parsed(), log_path, list(sink.tail), None)
+    if sink.error:  # the log already there stays as it was
+        sink.path.unlink(missing_ok=True)
+    else:  # written aside, then moved: the given log may be the stage log itself
+        shutil.move(sink.path, log_path)
+    return StageRun(
+        resolved, launch, None, sink.parsed(), log_path, list(sink.tail), None, sink.error
+    )
 
 
 def run_summary(outcome: StageRun) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import pandas as pd
 from recipeval.engines.miles.logparse import write_steps
 from recipeval.errors import UsageError
 from recipeval.outpath import output_file_problem
+from recipeval.readfile import regular_file_problem
 from recipeval.recipe import resolve
 from recipeval.recipe.facts import recipe_facts
 from recipeval.result import StageResult, now_iso, provenance, read_result, write_result
@@ -76,8 +77,9 @@ def run(stage: Stage, request: StageRequest) -> StageResult:
     """Run one stage for one recipe and write its result (unless request.out is None)."""
     if request.stage != stage.name:
         raise ValueError(f"stage {stage.name} got a {request.stage} request")
-    if request.from_log is not None and not request.from_log.is_file():
-        raise UsageError(f"--from-log {request.from_log}: no such file")
+    problem = request.from_log and regular_file_problem(request.from_log)
+    if problem:
+        raise UsageError(f"--from-log {request.from_log}: {problem}")
     check_outputs(request)
     blocked = gate_block(request)
     if blocked is not None:
