@@ -10,6 +10,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from recipeval.names import SAFE_NAME_PATTERN
 from recipeval.recipe import STAGE_GATES, STAGES, InvalidRecipe, load_recipe
 
 validate(config, workflow.source_path("../config/config.schema.yaml"))
@@ -102,7 +103,7 @@ RECIPES = recipe_table(config["recipes"])
 
 
 wildcard_constraints:
-    recipe="[A-Za-z0-9][A-Za-z0-9._-]*",
+    recipe=SAFE_NAME_PATTERN,
 
 
 # ---- paths -------------------------------------------------------------------------------

@@ -181,6 +181,8 @@ REFUSED_VALUE_CASES = {
         "stages.bench.args.seed",
         "cannot contain a NUL byte",
     ),
+    # 201 characters: publish could not use it as a folder name (the schema allowed any length)
+    "name-too-long": (f"name: {'a' * 201}\n", 2, "name", "should match pattern"),
     "arg-huge-int": (f"args: {{num-rollout: {'9' * 100}}}\n", 2, "args.num-rollout", "64 bits"),
     "arg-int-past-64-bits": (f"args: {{seed: {2**63}}}\n", 2, "args.seed", "64 bits"),
     **{

@@ -526,6 +526,8 @@ def test_case4_publish_refuses_path_names(tmp_path, name):
         "--no-plots",
     )
     assert proc.returncode == 2 and "cannot be a file name" in proc.stderr, proc.stderr
+    # the result file holds the name, so the error names it (it named the recipe YAML before)
+    assert proc.stderr.startswith(f"recipeval: unreadable stage result {results}/x/smoke.json: ")
     assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep"]
     assert not history.exists() or not any(history.rglob("*.json"))

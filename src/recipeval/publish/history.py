@@ -29,30 +29,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from recipeval.atomic import atomic_write, atomic_write_text
 from recipeval.errors import unreadable_reason
+from recipeval.names import UnsafeName, check_name
 from recipeval.publish.compare import Acknowledgement
 from recipeval.publish.records import RunRecord
 from recipeval.secrets import fingerprint_secrets, scrub, secret_values
 
 PARQUET_NAME = "history.parquet"
 LOCK_NAME = ".lock"
-# A recipe name as the schema allows it: one path component, never `..` or absolute.
-SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _STAMP_DROP = re.compile(r"[^0-9A-Za-z.+]")
-
-
-class UnsafeName(ValueError):
-    """A name from a result file that cannot be used as a file or folder name."""
-
-
-def check_name(name: str, what: str = "recipe") -> str:
-    """`name` when it is a plain file name (letters, digits, . _ -; not starting with a dot);
-    UnsafeName otherwise, e.g. for `../../x` or `/etc`."""
-    if not isinstance(name, str) or not SAFE_NAME.fullmatch(name):
-        raise UnsafeName(
-            f"{what} name {str(name)[:80]!r} cannot be a file name: use letters, digits, '.', '_' "
-            "and '-', starting with a letter or digit"
-        )
-    return name
 
 
 ACK_NAME = "acknowledged.json"

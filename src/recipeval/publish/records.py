@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from recipeval.errors import unreadable_reason
+from recipeval.names import UnsafeName, check_name
 from recipeval.recipe.schema import STAGE_GATES, STAGES
 from recipeval.result import StageResult, read_result
 from recipeval.secrets import fingerprint_secret, fingerprint_secrets
@@ -259,6 +260,10 @@ def collect_results(paths: Iterable[Path]) -> dict[str, list[StageResult]]:
             res = _locate_artifacts(read_result(file), file.parent)
         except (ValueError, OSError) as err:
             raise ValueError(f"{file}: {unreadable_reason(err)}") from None
+        try:
+            check_name(res.recipe)
+        except UnsafeName as err:
+            raise ValueError(f"{file}: {err}") from None
         grouped.setdefault(res.recipe, []).append(res)
     return grouped
 

@@ -17,6 +17,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from recipeval.names import SAFE_NAME_PATTERN
+
 # The stages, in pipeline order: the one list every other module (and the Snakefile) reads.
 Stage = Literal["env_check", "smoke", "logprob_diff", "bench"]
 STAGES: tuple[str, ...] = get_args(Stage)
@@ -308,7 +310,7 @@ class Source(Strict):
 
 
 class Recipe(Strict):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    name: Annotated[str, Field(pattern=f"^{SAFE_NAME_PATTERN}$")]
     extends: str | list[str] | None = Field(
         None, description="parent recipe file(s), relative to this file; deep-merged, later wins"
     )
