@@ -300,3 +300,17 @@ def test_symlink_loops_and_fifos_are_one_line_never_a_traceback_or_a_hang(cli, t
         assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
         text = " ".join(proc.stderr.replace("│", " ").split())  # rich wraps option errors
         assert needle in text and "Traceback" not in proc.stderr, (argv, proc.stderr)
+
+
+def test_a_newline_in_a_file_name_keeps_each_error_on_one_line(cli, tmp_path):
+    """The name was printed raw: a recipe called 'a<newline>b.yaml' split its error in two, and
+    the second half read as a line of its own."""
+    odd = tmp_path / "a\nb.yaml"
+    odd.write_text(f"extends: {RECIPES / 'local' / 'tiny-grpo-cpu.yaml'}\nargs: {{seed: [1, 2\n")
+    for argv, line in [
+        (["validate", odd.name], "recipeval: a\\nb.yaml:3: YAML syntax error"),
+        (["parse-log", "a\nb.log", "--out", "x.csv"], "recipeval: a\\nb.log: no such file"),
+    ]:
+        proc = cli(*argv, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith(line), proc.stderr

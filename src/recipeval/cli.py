@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from recipeval.errors import RecipeError, SettingError, UsageError, os_error_line
+from recipeval.errors import RecipeError, SettingError, UsageError, os_error_line, say_error
 from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_FAIL, EXIT_OK
 from recipeval.outpath import out_file, out_folder, out_json_or_folder
 
@@ -44,7 +44,7 @@ class RenderFormat(str, Enum):
 
 
 def _die(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
-    print(f"recipeval: {message}", file=sys.stderr)
+    say_error(message)
     raise typer.Exit(code)
 
 
@@ -56,7 +56,7 @@ def load_or_exit(path: Path):  # -> LoadedRecipe
         return load_recipe(path)
     except InvalidRecipe as errs:
         for err in errs.errors:
-            print(f"recipeval: {err}", file=sys.stderr)
+            say_error(err)
         raise typer.Exit(EXIT_BAD_INPUT) from None
 
 
@@ -82,7 +82,7 @@ def validate(
         except InvalidRecipe as errs:
             bad += 1
             for err in errs.errors:
-                print(f"recipeval: {err}", file=sys.stderr)
+                say_error(err)
             continue
         if not quiet:
             print(f"ok {path} {loaded.recipe.name} sha256={loaded.sha256[:12]}")
@@ -610,10 +610,7 @@ def import_miles(
             f"wrote {out} ({result.recording.repo}@{result.recording.commit[:12]})", file=sys.stderr
         )
     for difference in result.differences:
-        print(
-            f"recipeval: warning: the recipe does not render the recorded launch: {difference.line()}",
-            file=sys.stderr,
-        )
+        say_error(f"warning: the recipe does not render the recorded launch: {difference.line()}")
 
 
 @app.command()
@@ -650,10 +647,11 @@ def drift(
             reports.append(drift_for_recipe(load_recipe(path), os.environ, miles, against))
         except InvalidRecipe as errs:
             bad += 1
-            print("\n".join(f"recipeval: {e}" for e in errs.errors), file=sys.stderr)
+            for error in errs.errors:
+                say_error(error)
         except DriftInputError as err:
             bad += 1
-            print(f"recipeval: {path}: {err}", file=sys.stderr)
+            say_error(f"{path}: {err}")
     if fmt is RenderFormat.json:
         print(json.dumps([r.to_dict() for r in reports], indent=2))
     else:
@@ -811,12 +809,12 @@ def main() -> None:
     try:
         app()
     except (RecipeError, UsageError) as err:
-        print(f"recipeval: {err}", file=sys.stderr)
+        say_error(err)
         sys.exit(EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         sys.exit(130)
     except OSError as err:
         # A folder that cannot be made, a full disk, a file gone mid-run: the system's reason and
         # the path it names, not a traceback.
-        print(f"recipeval: {os_error_line(err)}", file=sys.stderr)
+        say_error(os_error_line(err))
         sys.exit(EXIT_ERROR)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,3 +68,13 @@ def os_error_line(err: OSError) -> str:
     reason = err.strerror or str(err) or type(err).__name__
     paths = [str(name) for name in (err.filename, err.filename2) if name is not None]
     return f"{' -> '.join(paths)}: {reason}" if paths else reason
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def say_error(message: object) -> None:
+    """Print one error line on stderr: `recipeval: message`, with control characters (a newline
+    in a file name, an escape sequence) shown escaped so the line stays one line."""
+    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(message))
+    print(f"recipeval: {text}", file=sys.stderr)

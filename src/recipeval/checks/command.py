@@ -4,14 +4,13 @@ write the StageResults, and return the exit code."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from recipeval.checks.env_check import env_check, exit_status, report_lines
-from recipeval.errors import UsageError, unreadable_reason
+from recipeval.errors import UsageError, say_error, unreadable_reason
 from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 
 
@@ -69,44 +68,35 @@ def env_check_command(
 ) -> int:
     if probe_only:
         if recipes:
-            print(
-                "recipeval: --probe-only takes no recipe (it prints this machine's probe)",
-                file=sys.stderr,
-            )
+            say_error("--probe-only takes no recipe (it prints this machine's probe)")
             return EXIT_BAD_INPUT
         from recipeval.checks.probe import probe
 
         print(json.dumps(probe(), indent=2))
         return EXIT_OK
     if not recipes:
-        print("recipeval: name at least one recipe (argument or --recipe)", file=sys.stderr)
+        say_error("name at least one recipe (argument or --recipe)")
         return EXIT_BAD_INPUT
     found = None
     if probe_from is not None:
         if static:
-            print(
-                "recipeval: --probe-from compares a probe with the recipe; drop --static",
-                file=sys.stderr,
-            )
+            say_error("--probe-from compares a probe with the recipe; drop --static")
             return EXIT_BAD_INPUT
         found = _read_probe(probe_from)
         if isinstance(found, str):
-            print(f"recipeval: {found}", file=sys.stderr)
+            say_error(found)
             return EXIT_BAD_INPUT
     try:
         report = env_check(recipes, static=static, stage=stage, found=found, out=out)
     except UsageError as err:  # --out cannot hold these results
-        print(f"recipeval: {err}", file=sys.stderr)
+        say_error(err)
         return EXIT_BAD_INPUT
     except OSError as err:  # the folder vanished, a read-only or pseudo file system, a full disk
         target = err.filename or out
-        print(
-            f"recipeval: cannot write {target}: {err.strerror or err}; choose another --out",
-            file=sys.stderr,
-        )
+        say_error(f"cannot write {target}: {err.strerror or err}; choose another --out")
         return EXIT_BAD_INPUT
     for line in report.bad_input:
-        print(f"recipeval: {line}", file=sys.stderr)
+        say_error(line)
     for result in report.results:
         print("\n".join(report_lines(result.status, result.recipe, result.message, result.checks)))
     for path in report.written:

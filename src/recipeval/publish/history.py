@@ -19,7 +19,6 @@ import fcntl
 import json
 import os
 import re
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +27,7 @@ import pandas as pd
 from pydantic import TypeAdapter, ValidationError
 
 from recipeval.atomic import atomic_write, atomic_write_text
-from recipeval.errors import unreadable_reason
+from recipeval.errors import say_error, unreadable_reason
 from recipeval.names import UnsafeName, check_name
 from recipeval.publish.compare import Acknowledgement
 from recipeval.publish.records import RunRecord
@@ -165,10 +164,7 @@ def load(history: Path, report_skips: bool = True) -> list[RunRecord]:
             records.append(_stored(RunRecord.model_validate_json(file.read_text())))
         except (ValueError, OSError) as err:  # OSError: a folder or unreadable file named *.json
             if report_skips:
-                print(
-                    f"recipeval: skipping history file {file}: {unreadable_reason(err)}",
-                    file=sys.stderr,
-                )
+                say_error(f"skipping history file {file}: {unreadable_reason(err)}")
     records.sort(key=lambda r: (r.date or "", r.run_id))
     return records
 
