@@ -18,7 +18,7 @@ from recipeval.exit_codes import exit_code
 from recipeval.recipe import load_recipe
 from recipeval.stages import driver
 from recipeval.stages.bench import BENCH, BenchWatcher, complete_rows, judge, stopping_rule
-from recipeval.stages.common import StageRequest, execute, resolve_and_render
+from recipeval.stages.common import ARTIFACT_SUFFIXES, StageRequest, execute, resolve_and_render
 
 ROLLOUT, TRAIN = 150.0, 182.0
 
@@ -93,6 +93,7 @@ def test_from_log_finds_the_steady_state_and_meets_expect(cli, tmp_path):
     ids = {c["id"] for c in result["checks"]}
     assert {"precision:perf/rollout_time", "expect:perf/rollout_time", "expect:cycle_time"} <= ids
     assert Path(result["artifacts"]["plot"]).stat().st_size > 10_000
+    assert result["artifacts"]["plot"].endswith(ARTIFACT_SUFFIXES)
     assert (tmp_path / "out" / "bench.steps.parquet").exists()
 
 

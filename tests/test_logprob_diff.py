@@ -13,7 +13,7 @@ import yaml
 from conftest import TINY_RECIPE
 
 from recipeval.recipe import load_recipe
-from recipeval.stages.common import StageRequest
+from recipeval.stages.common import ARTIFACT_SUFFIXES, StageRequest
 from recipeval.stages.driver import run
 from recipeval.stages.logprob_diff import LOGPROB_DIFF, marker
 
@@ -129,6 +129,9 @@ def test_noisier_rollout_path_shows_a_clear_positive_shift(tmp_path):
     assert 0.006 < same["mean_abs_diff"] < 0.01
     for name in ("tokens", "histogram", "by_position", "log", "steps"):
         assert Path(result.artifacts[name]).stat().st_size > 0, name
+    # the next run removes each of them before it starts (a killed run leaves none of these)
+    for name, path in result.artifacts.items():
+        assert name == "log" or path.endswith(ARTIFACT_SUFFIXES), (name, path)
     tokens = pd.read_parquet(result.artifacts["tokens"])
     assert set(tokens["variant"]) == {"baseline", "bf16-rollout"}
     assert variants["bf16-rollout"]["by_position"][0]["start"] == 0

@@ -407,7 +407,10 @@ def test_a_stopped_run_leaves_no_stale_verdict(tmp_path):
         "smoke", str(TINY_RECIPE), "--out", str(out), "--from-log", str(LOGS / "miles_clean.log")
     )
     assert old.returncode == 0 and smoke_json(out)["status"] == "pass"
+    assert (out / "smoke.steps.parquet").is_file()
     (out / "smoke.log").unlink()
+    (out / "smoke.steps.png").write_bytes(b"an earlier run's plot")
+    (out / "smoke.notes.txt").write_text("not ours")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -441,3 +444,5 @@ def test_a_stopped_run_leaves_no_stale_verdict(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert (out / "smoke.log").exists()
     assert not (out / "smoke.json").exists()
+    # nor the last run's step table or plot; a file the stage does not write is left alone
+    assert sorted(p.name for p in out.iterdir()) == ["smoke.log", "smoke.notes.txt"]

@@ -43,6 +43,17 @@ OnSteps = Callable[[pd.DataFrame], bool]
 MIN_LAUNCH_TIMEOUT_S = 1.0
 
 
+# The tables and plots a stage writes beside its result (OUT/<stage><suffix>), its log aside.
+ARTIFACT_SUFFIXES = (
+    ".steps.parquet",
+    ".tokens.parquet",
+    ".rescored.parquet",
+    ".steps.png",
+    ".hist.png",
+    ".position.png",
+)
+
+
 @dataclass
 class StageRequest:
     """One stage invocation, as the CLI parsed it."""

@@ -27,6 +27,7 @@ from recipeval.recipe import resolve
 from recipeval.recipe.facts import recipe_facts
 from recipeval.result import StageResult, now_iso, provenance, read_result, write_result
 from recipeval.stages.common import (
+    ARTIFACT_SUFFIXES,
     Judgement,
     OnSteps,
     StageRequest,
@@ -114,11 +115,15 @@ def check_outputs(request: StageRequest) -> None:
 
 
 def invalidate(request: StageRequest) -> None:
-    """Remove the previous result before anything runs: a run that is killed, or that dies
-    before it writes, must not leave an old verdict beside its new, partial log."""
+    """Remove the previous result and its tables and plots before anything runs: a run that is
+    killed, or that dies before it writes, must not leave an old verdict, step table or plot
+    beside its new, partial log. The log itself is rewritten by the run (or is --from-log)."""
     path = request.result_path
-    if path is not None:
-        path.unlink(missing_ok=True)
+    if path is None:
+        return
+    path.unlink(missing_ok=True)
+    for suffix in ARTIFACT_SUFFIXES:
+        request.artifact(suffix).unlink(missing_ok=True)
 
 
 def gate_block(request: StageRequest) -> tuple[str, StageResult] | None:
