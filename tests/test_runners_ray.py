@@ -31,9 +31,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def shared_head(tmp_path_factory):
+    from ray._private.ray_constants import RESOURCES_ENVIRONMENT_VARIABLE
+
     state_dir = tmp_path_factory.mktemp("ray-state")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(ray_head.STATE_DIR_ENV, str(state_dir))
+        # Ray takes the head's node for an H100 node, as its GPU detection would label one.
+        mp.setenv(RESOURCES_ENVIRONMENT_VARIABLE, json.dumps({"accelerator_type:H100": 1}))
         mp.delenv("RAY_ADDRESS", raising=False)
         runner = RayRunner()
         yield state_dir, runner
@@ -157,6 +161,16 @@ def test_cluster_wait_names_the_missing_nodes(shared_head):
     wait_for_nodes(runner.address, [head.node_name], gpus=0, timeout=30)
     with pytest.raises(RunnerError, match=r"missing nodes gpu-node-07; GPUs joined 0 of 8"):
         wait_for_nodes(runner.address, [head.node_name, "gpu-node-07"], gpus=8, timeout=2)
+
+
+def test_an_external_cluster_names_the_cards_ray_found_on_its_nodes(shared_head):
+    """A run on a cluster named by RAY_ADDRESS recorded no card (it is not this node), so a
+    night on other cards could not be named as what changed. Ray's own detection says."""
+    _, ours = shared_head
+    described = RayRunner(address=ours.address).describe()
+    assert (described["head"], described["gpu"]) == ("external", "H100")
+    # a cluster that cannot be asked names no card and fails nothing
+    assert RayRunner(address="http://127.0.0.1:1").describe()["gpu"] is None
 
 
 def test_ray_down_stops_only_our_head(shared_head, tmp_path):

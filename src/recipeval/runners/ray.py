@@ -38,11 +38,37 @@ from recipeval.runners.base import (
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 AGENT_WAIT_S = 180.0
+STATE_API_TIMEOUT_S = 10
 
 
 def entrypoint_command(words: list[str]) -> str:
     """The shell command the Jobs API runs: each word quoted, so `$(x)`, `;`, quotes stay data."""
     return shlex.join(words)
+
+
+def cluster_gpus(address: str) -> str | None:
+    """The accelerator types Ray detected on the cluster's alive nodes (its
+    `accelerator_type:X` resources, e.g. "H100", "AMD-Instinct-MI355X-OAM"; distinct, sorted,
+    ", "-joined), or None when it lists none or cannot be asked."""
+    from ray.util.state import list_nodes
+
+    try:
+        nodes = list_nodes(
+            address=address,
+            filters=[("state", "=", "ALIVE")],
+            timeout=STATE_API_TIMEOUT_S,
+            raise_on_missing_output=False,
+        )
+    except Exception:  # noqa: BLE001 - the card is provenance; not knowing it fails no run
+        return None
+    prefix = "accelerator_type:"
+    names = {
+        key.removeprefix(prefix)
+        for node in nodes
+        for key in (node.resources_total or {})
+        if key.startswith(prefix)
+    }
+    return ", ".join(sorted(names)) or None
 
 
 class RayRunner(Runner):
@@ -90,8 +116,8 @@ class RayRunner(Runner):
             "address": self.address,
             "head": head,
             "ray_temp_dir": own.temp_dir if own else None,
-            # A head started here runs the job here; an external cluster's cards are unknown.
-            "gpu": node_gpus() if own else None,
+            # A head started here runs the job here; an external cluster says what Ray found.
+            "gpu": node_gpus() if own else cluster_gpus(self.address),
         }
 
     def close(self) -> None:
