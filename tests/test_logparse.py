@@ -431,3 +431,19 @@ def test_steps_of_a_dynamic_global_batch_go_to_the_rollout_they_were_logged_unde
     recipe.write_text(f"extends: {PR_RECIPE}\nargs: {{use-dynamic-global-batch-size: true}}\n")
     assert log_parser(resolve(load_recipe(recipe).recipe)).variable_steps
     assert not log_parser(resolve(load_recipe(PR_RECIPE).recipe)).variable_steps
+    # and so does parse-log, given the recipe (it read by step id alone)
+    log = tmp_path / "dynamic.log"
+    log.write_text("\n".join(_dynamic_batch_log()) + "\n")
+    out = tmp_path / "steps.csv"
+    for stage in ([], ["--stage", "bench"]):
+        argv = [RECIPEVAL, "parse-log", str(log), "--out", str(out), "--recipe", str(recipe)]
+        proc = subprocess.run(argv + stage, capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr
+        assert pd.read_csv(out)["train/loss"].tolist() == [1.0, 10.5, 20.0]
+    proc = subprocess.run(
+        [RECIPEVAL, "parse-log", str(log), "--out", str(out), "--stage", "bench"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2 and "give the recipe with --recipe" in proc.stderr

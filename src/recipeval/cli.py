@@ -350,15 +350,40 @@ def parse_log(
         typer.Option("--out", parser=out_file, help="step table: FILE.csv or FILE.parquet"),
     ],
     engine: Annotated[
-        str, typer.Option("--engine", help="log format: miles (also the reference engine's)")
-    ] = "miles",
+        str | None,
+        typer.Option(
+            "--engine",
+            help="log format: miles (also the reference engine's); default: the recipe's, or miles",
+        ),
+    ] = None,
+    recipe: Annotated[
+        Path | None,
+        typer.Option(
+            "--recipe",
+            help="the recipe that wrote the log: its steps per rollout and dynamic batch size "
+            "decide which optimizer steps belong to a rollout, as in the stages",
+        ),
+    ] = None,
+    stage: StageOpt = None,
 ) -> None:
     """Read a training log into a step table (one row per rollout id)."""
     from recipeval.engines import ENGINES
     from recipeval.engines.miles.logparse import write_steps
     from recipeval.readfile import regular_file_problem
+    from recipeval.recipe import resolve
     from recipeval.stages.common import read_log
 
+    _check_stage(stage)
+    if stage is not None and recipe is None:
+        _die("--stage names the recipe stage that wrote the log; give the recipe with --recipe")
+    resolved = None
+    if recipe is not None:
+        loaded = load_or_exit(recipe)
+        try:
+            resolved = resolve(loaded.recipe, stage)
+        except KeyError as err:
+            _die(f"{recipe}: {err.args[0]}")
+    engine = engine or (resolved.recipe.engine if resolved else "miles")
     if engine not in ENGINES:
         _die(f"--engine {engine!r} is not an engine; choose one of: {', '.join(ENGINES)}")
     if out.suffix not in (".csv", ".parquet"):
@@ -366,7 +391,7 @@ def parse_log(
     problem = regular_file_problem(log)
     if problem:
         _die(f"{log}: {problem}")
-    parsed = read_log(ENGINES[engine].parser(None), log)
+    parsed = read_log(ENGINES[engine].parser(resolved), log)
     write_steps(parsed.steps, out)
     print(
         f"{out}: {len(parsed.steps)} rollouts, {len(parsed.steps.columns)} columns, "
