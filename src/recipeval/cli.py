@@ -388,7 +388,7 @@ def parse_log(
         _die(f"--engine {engine!r} is not an engine; choose one of: {', '.join(ENGINES)}")
     if out.suffix not in (".csv", ".parquet"):
         _die(f"--out {out}: name a .csv or .parquet file")
-    problem = regular_file_problem(log)
+    problem = regular_file_problem(log, "log file")
     if problem:
         _die(f"{log}: {problem}")
     parsed = read_log(ENGINES[engine].parser(resolved), log)

@@ -17,8 +17,9 @@ class FileTooLarge(OSError):
     """A regular file over the reader's limit."""
 
 
-def regular_file_problem(path: Path) -> str | None:
-    """Why `path` cannot be read as a regular file (missing, a folder, a FIFO...), or None."""
+def regular_file_problem(path: Path, what: str = "file") -> str | None:
+    """Why `path` cannot be read as a regular file (missing, a folder, a FIFO...), or None;
+    `what` the file should be, for the advice."""
     try:
         info = path.stat()
     except FileNotFoundError:
@@ -26,9 +27,9 @@ def regular_file_problem(path: Path) -> str | None:
     except OSError as err:  # a symlink loop, a name too long, a folder we may not enter
         return err.strerror or type(err).__name__
     if stat.S_ISDIR(info.st_mode):
-        return "is a folder; name a log file"
+        return f"is a folder; name a {what}"
     if not stat.S_ISREG(info.st_mode):
-        return "is not a regular file (a FIFO, device or socket); name a log file"
+        return f"is not a regular file (a FIFO, device or socket); name a {what}"
     return None
 
 

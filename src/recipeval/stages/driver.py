@@ -78,7 +78,7 @@ def run(stage: Stage, request: StageRequest) -> StageResult:
     """Run one stage for one recipe and write its result (unless request.out is None)."""
     if request.stage != stage.name:
         raise ValueError(f"stage {stage.name} got a {request.stage} request")
-    problem = request.from_log and regular_file_problem(request.from_log)
+    problem = request.from_log and regular_file_problem(request.from_log, "log file")
     if problem:
         raise UsageError(f"--from-log {request.from_log}: {problem}")
     check_outputs(request)
