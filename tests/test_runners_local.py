@@ -26,6 +26,7 @@ from runner_jobs import (
     python_launch,
 )
 
+from recipeval.recipe.facts import gpu_model_matches
 from recipeval.runners.base import node_gpus
 from recipeval.runners.local import LocalRunner
 from recipeval.runners.ray import entrypoint_command
@@ -157,27 +158,62 @@ def test_sigterm_to_the_stage_stops_its_local_job(tmp_path):
     assert _alive([job_pid]) == []
 
 
-def driver_files(root: Path, nvidia: list[str], amd: list[str]) -> Path:
-    """The files the GPU drivers put under /proc and /sys, as NVIDIA's and amdgpu's write them."""
+# Excerpt of libdrm's amdgpu.ids (device, revision, marketing name).
+AMDGPU_IDS = "# comment\n74A1,\t00,\tAMD Instinct MI300X\n75A0,\t00,\tAMD Instinct MI350X\n"
+MI350X_BOARD = ("0x75a0", "AMD Instinct MI350 OAM")  # PCI device id; the board's product name
+MI300X_BOARD = ("0x74a1", "AMD Instinct MI300X OAM")
+
+
+def driver_files(
+    root: Path, nvidia: list[str], amd: list[tuple[str, str]], amdgpu_ids: str | None = None
+) -> Path:
+    """The files the GPU drivers put under /proc and /sys, as NVIDIA's and amdgpu's write them
+    (an AMD card: its PCI device id and board product name, revision 0), beside a server's BMC
+    display (ASPEED, which amdgpu does not drive); `amdgpu_ids`: libdrm's table, if installed."""
     for i, model in enumerate(nvidia):
         info = root / f"proc/driver/nvidia/gpus/0000:{i:02x}:00.0/information"
         info.parent.mkdir(parents=True)
         info.write_text(f"Model: \t\t {model}\nIRQ:   \t\t 62\nGPU UUID: \t GPU-{i}\n")
-    for i, name in enumerate(amd):
-        product = root / f"sys/class/drm/card{i}/device/product_name"
-        product.parent.mkdir(parents=True)
-        product.write_text(name + "\n")
+    bmc = root / "sys/class/drm/card0/device"
+    bmc.mkdir(parents=True)
+    (bmc / "vendor").write_text("0x1a03\n")
+    for i, (device_id, product_name) in enumerate(amd, start=1):
+        device = root / f"sys/class/drm/card{i}/device"
+        device.mkdir(parents=True)
+        for name, value in [
+            ("vendor", "0x1002"),
+            ("device", device_id),
+            ("revision", "0x00"),
+            ("product_name", product_name),
+        ]:
+            (device / name).write_text(value + "\n")
+    if amdgpu_ids is not None:
+        (root / "usr/share/libdrm").mkdir(parents=True)
+        (root / "usr/share/libdrm/amdgpu.ids").write_text(amdgpu_ids)
     return root
 
 
 def test_node_gpus_names_each_model_the_drivers_list_once(tmp_path):
     h100 = "NVIDIA H100 80GB HBM3"
     assert node_gpus(driver_files(tmp_path / "nv", [h100] * 8, [])) == h100
-    mi355x = "AMD Instinct MI355X"
-    assert node_gpus(driver_files(tmp_path / "amd", [], [mi355x] * 2)) == mi355x
-    mixed = driver_files(tmp_path / "mixed", [h100, "NVIDIA H200"], [""])
+    mixed = driver_files(tmp_path / "mixed", [h100, "NVIDIA H200"], [])
     assert node_gpus(mixed) == "NVIDIA H100 80GB HBM3, NVIDIA H200"
     assert node_gpus(tmp_path / "none") is None
+
+
+def test_an_amd_card_is_named_by_its_marketing_name_not_its_board_name(tmp_path):
+    """The board's product_name can drop the model's suffix (an MI350X's board reads "AMD
+    Instinct MI350 OAM"), so a night on the recipe's own card read as a night on another one."""
+    mi350x = driver_files(tmp_path / "ids", [], [MI350X_BOARD] * 8, AMDGPU_IDS)
+    assert node_gpus(mi350x) == "AMD Instinct MI350X"
+    assert gpu_model_matches("MI350X", [node_gpus(mi350x)])
+    # without libdrm's table the board name is what there is; a card the table lacks keeps it
+    assert node_gpus(driver_files(tmp_path / "no-ids", [], [MI350X_BOARD])) == MI350X_BOARD[1]
+    unknown = driver_files(tmp_path / "new", [], [("0x75b9", "AMD Instinct MI4 OAM")], AMDGPU_IDS)
+    assert node_gpus(unknown) == "AMD Instinct MI4 OAM"
+    both = driver_files(tmp_path / "both", [], [MI300X_BOARD, MI350X_BOARD], AMDGPU_IDS)
+    assert node_gpus(both) == "AMD Instinct MI300X, AMD Instinct MI350X"
+    assert node_gpus(driver_files(tmp_path / "bmc-only", [], [])) is None
 
 
 def test_the_local_runner_says_which_card_its_job_ran_on(tmp_path, monkeypatch):

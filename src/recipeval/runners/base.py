@@ -78,23 +78,54 @@ class Runner(ABC):
         self.close()
 
 
+# libdrm's table of AMD marketing names by PCI device and revision id (what amd-smi calls the
+# market name, and HIP the device name); ROCm installs its own copy under /opt/amdgpu.
+AMDGPU_IDS = ("usr/share/libdrm/amdgpu.ids", "opt/amdgpu/share/libdrm/amdgpu.ids")
+AMD_VENDOR_ID = "0x1002"
+
+
 def node_gpus(root: Path = Path("/")) -> str | None:
     """The GPU models this node's drivers list (distinct, sorted, ", "-joined; None: none),
     read from the driver's files, so it costs no torch import and no subprocess: NVIDIA's
-    /proc/driver/nvidia/gpus/*/information ("Model:" line), amdgpu's
-    /sys/class/drm/card*/device/product_name. The card a run used is what tells a slower
-    night on another card from a regression; the recipe only says what it expects."""
+    /proc/driver/nvidia/gpus/*/information ("Model:" line); for an AMD card (PCI vendor
+    0x1002 under /sys/class/drm), its marketing name from libdrm's amdgpu.ids, else the
+    board's product_name (a board name can drop the model's suffix: "AMD Instinct MI350 OAM"
+    on an MI350X). The card a run used is what tells a slower night on another card from a
+    regression; the recipe only says what it expects."""
     names = set()
     for info in sorted(root.glob("proc/driver/nvidia/gpus/*/information")):
         for line in _read(info).splitlines():
             key, _, value = line.partition(":")
             if key.strip() == "Model" and value.strip():
                 names.add(value.strip())
-    for product in sorted(root.glob("sys/class/drm/card*/device/product_name")):
-        name = _read(product).strip()
+    marketing = _amdgpu_marketing_names(root)
+    for device in sorted(root.glob("sys/class/drm/card*/device")):
+        if _read(device / "vendor").strip().lower() != AMD_VENDOR_ID:
+            continue  # a server's BMC display, another vendor's card
+        pci_id = (_hex_id(device / "device"), _hex_id(device / "revision"))
+        name = marketing.get(pci_id) or _read(device / "product_name").strip()
         if name:
             names.add(name)
     return ", ".join(sorted(names)) or None
+
+
+def _amdgpu_marketing_names(root: Path) -> dict[tuple[str, str], str]:
+    """(device id, revision id) -> name from the first amdgpu.ids there is ("75A3,\t00,\tAMD
+    Instinct MI355X" lines; ids as upper-case hex without 0x)."""
+    for table in AMDGPU_IDS:
+        text = _read(root / table)
+        if text:
+            return {
+                (fields[0].strip().upper(), fields[1].strip().upper()): fields[2].strip()
+                for line in text.splitlines()
+                if not line.startswith("#") and len(fields := line.split(",", 2)) == 3
+            }
+    return {}
+
+
+def _hex_id(path: Path) -> str:
+    """A sysfs PCI id ("0x75a3") as amdgpu.ids writes it ("75A3")."""
+    return _read(path).strip().upper().removeprefix("0X")
 
 
 def _read(path: Path) -> str:
