@@ -266,49 +266,103 @@ def test_a_stage_stopped_while_its_private_head_starts_leaves_no_ray_process(sig
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _ray_down(folder: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "recipeval", "ray-down", "--state-dir", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def test_ray_down_on_a_stale_record_kills_and_removes_nothing_else(tmp_path):
     """A head.json whose head is gone (its pid now another process) must not make ray-down
-    kill that process's group or remove the folder and file the record names."""
+    kill that process's group, a process whose command line merely starts like the temp dir,
+    or remove a folder named like a temp dir that Ray never used."""
     state_dir = tmp_path / "state"
     state_dir.mkdir()
     other = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True
     )
-    precious = tmp_path / "precious"
+    precious = tmp_path / f"{ray_head.TEMP_PREFIX}precious"
     precious.mkdir()
     (precious / "data").write_text("keep")
-    notes = tmp_path / "notes.log"
-    notes.write_text("keep")
+    # its command line names a file whose name starts with the recorded temp dir's
+    lookalike = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", f"{precious}-notes.txt"]
+    )
     stale = ray_head.HeadState(
         pid=other.pid,
         create_time=1.0,
         dashboard="http://127.0.0.1:9",
         gcs="127.0.0.1:9",
         temp_dir=str(precious),
-        log=str(notes),
+        log=str(state_dir / f"{ray_head.LOG_PREFIX}1.log"),
     )
     (state_dir / ray_head.STATE_FILE).write_text(json.dumps(dataclasses.asdict(stale)))
-
-    def ray_down(folder: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "recipeval", "ray-down", "--state-dir", str(folder)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-
     try:
-        proc = ray_down(state_dir)
+        proc = _ray_down(state_dir)
         assert proc.returncode == 0 and "no longer running" in proc.stdout, proc.stderr
-        assert other.poll() is None
-        assert (precious / "data").read_text() == "keep" and notes.read_text() == "keep"
+        assert other.poll() is None and lookalike.poll() is None
+        assert (precious / "data").read_text() == "keep"
         assert ray_head.read_state(state_dir) is None
     finally:
-        other.kill()
-        other.wait()
+        for proc in (other, lookalike):
+            proc.kill()
+            proc.wait()
     missing = tmp_path / "never-made"
-    assert "none running" in ray_down(missing).stdout and not missing.exists()
-    proc = ray_down(notes)
+    assert "none running" in _ray_down(missing).stdout and not missing.exists()
+    proc = _ray_down(precious / "data")
     assert proc.returncode == 2 and "not a folder" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _record(**fields: object) -> str:
+    head = {
+        "pid": 999_999,
+        "create_time": 0.0,
+        "dashboard": "http://127.0.0.1:9",
+        "gcs": "127.0.0.1:9",
+        "temp_dir": f"/tmp/{ray_head.TEMP_PREFIX}gone",
+        "log": "LOG",
+    }
+    return json.dumps(head | fields)
+
+
+@pytest.mark.parametrize(
+    ("record", "problem"),
+    [
+        (_record(pid="abc"), "pid: Input should be a valid integer"),
+        (_record(pid=-1), "pid: Input should be greater than 0"),
+        (_record(pid=1e30), "pid: Input should be a valid integer"),
+        (_record(temp_dir=5), "temp_dir: Input should be a valid string"),
+        (_record(temp_dir="/home/me/data"), "is not a head's temp dir"),
+        (_record(log="/home/me/ray-head-notes.txt"), "is not a head's log"),
+        ("{", "Invalid JSON"),
+        (None, "not a regular file"),
+    ],
+)
+def test_ray_down_refuses_a_record_it_did_not_write_and_touches_nothing(tmp_path, record, problem):
+    """Such a record made ray-down SIGKILL any process naming a path that starts like its
+    temp_dir, rm -rf that folder and delete its log file, or end in a traceback."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    head = state_dir / ray_head.STATE_FILE
+    if record is None:
+        os.mkfifo(head)
+    else:
+        head.write_text(record.replace("LOG", str(state_dir / f"{ray_head.LOG_PREFIX}1.log")))
+    proc = _ray_down(state_dir)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"recipeval: {head}: ") and problem in proc.stderr
+    assert proc.stderr.endswith("; nothing was stopped or removed\n")
+    assert head.exists()
+
+
+def test_a_fifo_as_the_head_lock_is_refused_not_waited_on(tmp_path):
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    os.mkfifo(state_dir / "head.lock")
+    proc = _ray_down(state_dir)
+    assert proc.returncode == 2 and "head.lock: not a regular file" in proc.stderr, proc.stderr

@@ -410,7 +410,7 @@ def ray_down(
     """Stop the shared Ray head a pipeline run started (never any other Ray)."""
     import os
 
-    from recipeval.runners.ray_head import STATE_DIR_ENV, shared_head_down
+    from recipeval.runners.ray_head import STATE_DIR_ENV, HeadRecordError, shared_head_down
 
     folder = state_dir or (
         Path(os.environ[STATE_DIR_ENV]) if os.environ.get(STATE_DIR_ENV) else None
@@ -419,7 +419,10 @@ def ray_down(
         _die(f"name the head's folder: --state-dir or {STATE_DIR_ENV}")
     if folder.exists() and not folder.is_dir():
         _die(f"--state-dir {folder}: not a folder; name the folder the pipeline's head was in")
-    outcome = shared_head_down(folder)
+    try:
+        outcome = shared_head_down(folder)
+    except HeadRecordError as err:
+        _die(f"{err}; nothing was stopped or removed")
     said = {
         "stopped": "stopped",
         "stale": "its record named a head no longer running; record removed",

@@ -31,8 +31,11 @@ from pathlib import Path
 from typing import Literal
 
 import psutil
+from pydantic import BaseModel, Field, ValidationError
 
 from recipeval.atomic import atomic_write_text
+from recipeval.errors import unreadable_reason
+from recipeval.readfile import read_regular
 from recipeval.runners.base import RunnerError
 
 STATE_DIR_ENV = "RECIPEVAL_RAY_STATE_DIR"
@@ -46,6 +49,8 @@ READY_POLL_S = 0.25
 # A head's own temp dir and log, by name: a record read back from disk (possibly stale, or not
 # ours) never makes stop_head remove anything else.
 TEMP_PREFIX, LOG_PREFIX = "rv-ray-", "ray-head-"
+PID_MAX = 4_194_304  # Linux's highest pid_max
+RECORD_LIMIT = 64 * 1024
 
 
 @dataclass
@@ -226,33 +231,93 @@ def stop_head(state: HeadState, grace: float = 15.0) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     psutil.wait_procs(leftovers, timeout=5)
-    if own_temp:
+    if own_temp and _is_ray_temp_dir(Path(state.temp_dir)):
         shutil.rmtree(state.temp_dir, ignore_errors=True)
     if Path(state.log).name.startswith(LOG_PREFIX):
         Path(state.log).unlink(missing_ok=True)
 
 
 def _names(proc: psutil.Process, temp_dir: str) -> bool:
+    """Whether a word of the process's command line is the temp dir or a path in it (not a
+    longer name that starts with it: /tmp/rv-ray-ab is not /tmp/rv-ray-abc)."""
     cmdline = proc.info.get("cmdline") or []
-    return proc.pid != os.getpid() and any(temp_dir in word for word in cmdline)
+    return proc.pid != os.getpid() and any(_in_dir(word, temp_dir) for word in cmdline)
+
+
+def _in_dir(word: str, folder: str) -> bool:
+    start = word.find(folder)
+    while start >= 0:
+        before = word[start - 1] if start else ""
+        after = word[start + len(folder) : start + len(folder) + 1]
+        if before in ("", "=", "'", '"', " ") and after in ("", "/", "'", '"', " "):
+            return True
+        start = word.find(folder, start + 1)
+    return False
+
+
+def _is_ray_temp_dir(path: Path) -> bool:
+    """A temp dir start_head made: its name, and empty or holding Ray's sessions."""
+    if not path.name.startswith(TEMP_PREFIX) or not path.is_dir() or path.is_symlink():
+        return False
+    entries = [entry.name for entry in path.iterdir()]
+    return not entries or any(name.startswith("session_") for name in entries)
+
+
+class HeadRecordError(ValueError):
+    """A head record (head.json, head.lock) that recipeval did not write as it stands: nothing
+    it names is stopped or removed."""
+
+
+class _HeadRecord(BaseModel, strict=True):
+    pid: int = Field(gt=0, le=PID_MAX)
+    create_time: float
+    dashboard: str
+    gcs: str
+    temp_dir: str
+    log: str
 
 
 @contextmanager
 def locked(state_dir: Path) -> Iterator[None]:
     state_dir.mkdir(parents=True, exist_ok=True)
-    with open(state_dir / "head.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    path = state_dir / "head.lock"
+    # a FIFO there would hang the open, and every stage of the pipeline with it
+    if path.is_symlink() or path.exists() and not path.is_file():
+        raise HeadRecordError(f"{path}: not a regular file; remove it")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def read_state(state_dir: Path) -> HeadState | None:
+    """The recorded head, or None without a record. HeadRecordError for a record start_head
+    did not write as it stands (not JSON, wrong types, a FIFO, a temp dir or log named
+    otherwise than start_head names them)."""
+    path = state_dir / STATE_FILE
     try:
-        return HeadState(**json.loads((state_dir / STATE_FILE).read_text()))
-    except (OSError, ValueError, TypeError):
+        raw = read_regular(path, limit=RECORD_LIMIT)
+    except FileNotFoundError:
         return None
+    except OSError as err:
+        raise HeadRecordError(f"{path}: {unreadable_reason(err)}") from None
+    try:
+        state = HeadState(**_HeadRecord.model_validate_json(raw).model_dump())
+    except ValidationError as err:
+        raise HeadRecordError(f"{path}: {unreadable_reason(err)}") from None
+    log = Path(state.log)
+    if not Path(state.temp_dir).is_absolute() or not Path(state.temp_dir).name.startswith(
+        TEMP_PREFIX
+    ):
+        raise HeadRecordError(f"{path}: temp_dir {state.temp_dir!r} is not a head's temp dir")
+    if log.parent.resolve() != state_dir.resolve() or not log.name.startswith(LOG_PREFIX):
+        raise HeadRecordError(f"{path}: log {state.log!r} is not a head's log in {state_dir}")
+    return state
 
 
 def _write_state(state_dir: Path, state: HeadState) -> None:
@@ -263,7 +328,10 @@ def shared_head(state_dir: Path) -> HeadState:
     """The pipeline run's head: reuse the recorded one when it is alive, else start one."""
     pin_auth_mode()
     with locked(state_dir):
-        state = read_state(state_dir)
+        try:
+            state = read_state(state_dir)
+        except HeadRecordError:
+            state = None  # touch nothing it names; the new head's record replaces it
         if state is not None and head_alive(state) and dashboard_ready(state.dashboard):
             return state
         if state is not None:
