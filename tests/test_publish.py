@@ -113,17 +113,23 @@ def test_stage_plots_become_plot_files_and_stale_ones_go(tmp_path: Path) -> None
     drawn.write_bytes(b"\x89PNG\r\n\x1a\nstep-time plot")
     bench["artifacts"] = {"plot": str(drawn), "steps": str(folder / "bench.steps.parquet")}
     (folder / "bench.json").write_text(json.dumps(bench))
-    stale = results / "tables/plots/gone-recipe/history-cycle_time.png"
-    stale.parent.mkdir(parents=True)
-    stale.write_bytes(b"old")
-    publish(
-        [results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings(), True
-    )
+    outputs = PublishOutputs.under(results, tmp_path / "history")
+    publish([results], outputs, RegressionSettings(), True)
     copied = results / "tables/plots/deepseek-v4-flash-4node-mi355x/bench-plot.png"
     assert copied.read_bytes() == drawn.read_bytes()
-    assert not stale.exists() and not stale.parent.exists()
     html = (results / "tables/benchmarks.html").read_text()
     assert 'alt="deepseek-v4-flash-4node-mi355x bench plot"' in html
+    # The next publish draws no bench plot: the last one's goes. What publish never wrote
+    # there (--plot-dir may be a folder of the user's pictures) stays; it deleted them before.
+    mine = results / "tables/plots/vacation/beach.png"
+    mine.parent.mkdir()
+    mine.write_bytes(b"mine")
+    (results / "tables/plots/empty-album").mkdir()
+    bench["artifacts"] = {"steps": str(folder / "bench.steps.parquet")}
+    (folder / "bench.json").write_text(json.dumps(bench))
+    publish([results], outputs, RegressionSettings(), True)
+    assert not copied.exists() and not copied.parent.exists()  # the group it emptied, too
+    assert mine.read_bytes() == b"mine" and (results / "tables/plots/empty-album").is_dir()
 
 
 def test_stage_plots_are_found_beside_a_moved_results_folder(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ metrics, and the plots the stages drew. The HTML page embeds them; a folder of P
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -11,15 +12,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from recipeval.atomic import atomic_write
+from recipeval.atomic import atomic_write, atomic_write_text
 from recipeval.publish import plots
 from recipeval.publish.compare import RecipeVerdict
 from recipeval.publish.records import RunRecord
 from recipeval.publish.tables import LOGPROB_COLUMN, TIMING_COLUMNS, find_metric
+from recipeval.readfile import read_regular
 from recipeval.result import StageResult
 
 # Recipe names start with a letter or digit, so this group never collides with a recipe.
 OVERVIEW = "_overview"
+# What the last publish wrote into the plot folder: only those PNGs are ever removed.
+FIGURE_MANIFEST = ".recipeval-figures"
+MANIFEST_LIMIT = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -107,18 +112,35 @@ def all_figures(
 
 
 def write_figures(figures: list[Figure], folder: Path) -> None:
-    """`folder/<group>/<name>.png` for each figure, each written atomically; PNGs of an earlier
-    publish that this one did not draw are removed, so the folder shows this run only."""
+    """`folder/<group>/<name>.png` for each figure, each written atomically. The PNGs an
+    earlier publish wrote there (its manifest) that this one did not draw are removed, so the
+    folder shows this run only; nothing publish did not write is touched (--plot-dir may name
+    a folder of the user's own pictures)."""
     folder.mkdir(parents=True, exist_ok=True)
-    wanted = {folder / f.group / f"{f.name}.png" for f in figures}
-    for old in folder.glob("*/*.png"):
-        if old not in wanted:
-            old.unlink()
-    for group in folder.glob("*/"):
-        if not any(group.iterdir()):
-            group.rmdir()
+    wanted = {f"{f.group}/{f.name}.png" for f in figures}
+    for stale in sorted(_earlier_figures(folder) - wanted):
+        (folder / stale).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a group folder with other files in it stays
+            (folder / stale).parent.rmdir()
     for figure in figures:
         png = figure.png
         atomic_write(
             folder / figure.group / f"{figure.name}.png", lambda tmp, png=png: tmp.write_bytes(png)
         )
+    atomic_write_text(folder / FIGURE_MANIFEST, "".join(f"{name}\n" for name in sorted(wanted)))
+
+
+def _earlier_figures(folder: Path) -> set[str]:
+    """The `<group>/<name>.png` paths the manifest of the last publish into `folder` lists;
+    a line of any other shape (an edit, `../x.png`) names nothing to remove."""
+    try:
+        text = read_regular(folder / FIGURE_MANIFEST, limit=MANIFEST_LIMIT).decode(errors="replace")
+    except OSError:
+        return set()
+    return {
+        line
+        for line in text.splitlines()
+        if len(parts := line.split("/")) == 2
+        and all(part not in ("", ".", "..") for part in parts)
+        and line.endswith(".png")
+    }
