@@ -632,3 +632,43 @@ def test_case6_parquet_rebuild_keeps_runs_added_meanwhile(tmp_path):
     assert sorted(pd.read_parquet(tmp_path / "h" / "history.parquet")["run_id"]) == [
         f"{n:016x}" for n in range(5)
     ]
+
+
+def test_fifos_and_links_in_the_history_are_named_never_waited_on(tmp_path):
+    """A FIFO named like a run file, or as the history's lock, hung publish and acknowledge
+    (the lock's open waited for a reader); a recipe folder linked elsewhere was a traceback."""
+    results = tmp_path / "results"
+    write_result(stage_result("smoke", TINY_RECIPE, night(0)), results / "x" / "smoke.json")
+    name = stage_result("smoke", TINY_RECIPE, night(0)).recipe
+
+    def publish_into(history: Path) -> subprocess.CompletedProcess[str]:
+        outputs = ["--tables", str(history / "t"), "--junit", str(history / "j.xml")]
+        outputs += ["--verdict", str(history / "v.json"), "--no-plots"]
+        return run_cli(
+            "publish", str(results), "--history", str(history / "h"), *outputs, timeout=60
+        )
+
+    fifo_run = tmp_path / "fifo-run"
+    (fifo_run / "h" / name).mkdir(parents=True)
+    os.mkfifo(fifo_run / "h" / name / "20260101T000000Z-abc.json")
+    proc = publish_into(fifo_run)
+    assert proc.returncode == 0, proc.stderr
+    assert "skipping history file" in proc.stderr and "not a regular file" in proc.stderr
+    proc = run_cli("acknowledge", name, "abc", "--history", str(fifo_run / "h"), timeout=60)
+    assert proc.returncode == 2 and "20260101T000000Z-abc.json: not a regular file" in proc.stderr
+
+    fifo_lock = tmp_path / "fifo-lock"
+    (fifo_lock / "h").mkdir(parents=True)
+    os.mkfifo(fifo_lock / "h" / ".lock")
+    proc = publish_into(fifo_lock)
+    assert proc.returncode == 2 and ".lock: not a regular file" in proc.stderr, proc.stderr
+
+    linked = tmp_path / "linked"
+    (linked / "h").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (linked / "h" / name).symlink_to(tmp_path / "elsewhere")
+    proc = publish_into(linked)
+    assert proc.returncode == 2 and "would lie outside" in proc.stderr, proc.stderr
+    assert not any((tmp_path / "elsewhere").iterdir())
+    for proc in (publish_into(fifo_lock), publish_into(linked)):
+        assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1

@@ -15,7 +15,6 @@ files as fingerprints only."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -28,9 +27,11 @@ from pydantic import TypeAdapter, ValidationError
 
 from recipeval.atomic import atomic_write, atomic_write_text
 from recipeval.errors import say_error, unreadable_reason
+from recipeval.lockfile import locked_file
 from recipeval.names import UnsafeName, check_name
 from recipeval.publish.compare import Acknowledgement
 from recipeval.publish.records import RunRecord
+from recipeval.readfile import read_regular
 from recipeval.secrets import fingerprint_secrets, scrub, secret_values
 
 PARQUET_NAME = "history.parquet"
@@ -101,7 +102,9 @@ def _stored_run(history: Path, recipe: str, run_id: str) -> RunRecord:
             "results/regression.json names for it"
         )
     try:
-        return RunRecord.model_validate_json(found[0].read_text())
+        return RunRecord.model_validate_json(read_regular(found[0]))
+    except OSError as err:  # a FIFO or folder by that name
+        raise ValueError(f"{found[0]}: {unreadable_reason(err)}") from None
     except ValidationError as err:
         raise ValueError(f"{found[0]}: not a run record: {str(err).splitlines()[0]}") from None
 
@@ -120,12 +123,8 @@ def record_path(history: Path, record: RunRecord) -> Path:
 def locked(history: Path) -> Iterator[None]:
     """Hold the history folder's lock (flock: released by the kernel if we die)."""
     history.mkdir(parents=True, exist_ok=True)
-    with open(history / LOCK_NAME, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with locked_file(history / LOCK_NAME):
+        yield
 
 
 def _stored(record: RunRecord) -> RunRecord:
@@ -161,7 +160,7 @@ def load(history: Path, report_skips: bool = True) -> list[RunRecord]:
     for file in sorted(history.glob("*/*.json")):
         try:
             # files written before secrets were fingerprinted get the same treatment on reading
-            records.append(_stored(RunRecord.model_validate_json(file.read_text())))
+            records.append(_stored(RunRecord.model_validate_json(read_regular(file))))
         except (ValueError, OSError) as err:  # OSError: a folder or unreadable file named *.json
             if report_skips:
                 say_error(f"skipping history file {file}: {unreadable_reason(err)}")

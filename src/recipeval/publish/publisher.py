@@ -10,6 +10,7 @@ from pathlib import Path
 from recipeval.analysis.regression import RegressionSettings
 from recipeval.atomic import atomic_write_text
 from recipeval.exit_codes import FAILING_VERDICTS
+from recipeval.names import UnsafeName
 from recipeval.publish import attribution, history, layout_table, tables
 from recipeval.publish.compare import RecipeVerdict, judge_run
 from recipeval.publish.figures import all_figures, write_figures
@@ -115,6 +116,8 @@ def publish(
             f"cannot write the history {err.filename or out.history}: {err.strerror or err}; "
             "publish again once it can be written (a run already added is not added twice)"
         ) from None
+    except UnsafeName as err:  # a recipe's folder in the history links elsewhere
+        raise PublishError(f"{err}; make it a folder of the history") from None
     runs = history.load(out.history)
     verdicts = {rec.run_id: judge_run(rec, runs, settings, acks) for rec in records}
     outcome = PublishReport(records, verdicts, added)

@@ -13,7 +13,6 @@ names that temp dir: nothing of another Ray on the machine is touched.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -35,7 +34,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from recipeval.atomic import atomic_write_text
 from recipeval.errors import unreadable_reason
-from recipeval.readfile import read_regular
+from recipeval.lockfile import locked_file
+from recipeval.readfile import NotRegularFile, read_regular
 from recipeval.runners.base import RunnerError
 
 STATE_DIR_ENV = "RECIPEVAL_RAY_STATE_DIR"
@@ -280,19 +280,11 @@ class _HeadRecord(BaseModel, strict=True):
 @contextmanager
 def locked(state_dir: Path) -> Iterator[None]:
     state_dir.mkdir(parents=True, exist_ok=True)
-    path = state_dir / "head.lock"
-    # a FIFO there would hang the open, and every stage of the pipeline with it
-    if path.is_symlink() or path.exists() and not path.is_file():
-        raise HeadRecordError(f"{path}: not a regular file; remove it")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
+        with locked_file(state_dir / "head.lock"):
             yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+    except NotRegularFile as err:
+        raise HeadRecordError(f"{err.filename}: {err.strerror}") from None
 
 
 def read_state(state_dir: Path) -> HeadState | None:
