@@ -5,7 +5,9 @@ one multi-recipe call that includes the PR's recipe."""
 from __future__ import annotations
 
 import json
+import os
 
+import pytest
 from conftest import REPO, TINY_RECIPE, run_cli
 
 from recipeval.result import read_result
@@ -13,6 +15,7 @@ from recipeval.result import read_result
 BROKEN = REPO / "tests" / "recipes" / "broken"
 PR_RECIPE = REPO / "recipes" / "amd" / "deepseek-v4-flash-4node-mi355x.yaml"
 TINY_BROKEN = BROKEN / "tiny-sequence-parallel-without-tp.yaml"
+GPU_RECIPE = REPO / "recipes" / "nvidia" / "deepseek-v4-flash-8node-h200.yaml"
 
 
 def _one_line_error(proc) -> str:
@@ -132,3 +135,50 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
         proc = run_cli(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert needle in _one_line_error(proc), (args, proc.stderr)
+
+
+def _probe_with_devices(devices) -> str:
+    return json.dumps({"platform": "cuda", "packages": {}, "torch": {"devices": devices}})
+
+
+@pytest.mark.parametrize(
+    ("content", "recipe", "reason"),
+    [
+        (_probe_with_devices(None), GPU_RECIPE, "torch.devices: Input should be a valid list"),
+        (_probe_with_devices([{"name": 5}]), GPU_RECIPE, "torch.devices.0.name: Input should be"),
+        (_probe_with_devices([{"name": ["a"]}]), GPU_RECIPE, "torch.devices.0.name: Input"),
+        ("[" * 100000, TINY_RECIPE, "not JSON (recursion limit exceeded"),
+        (
+            None,
+            TINY_RECIPE,
+            "cannot read: not a regular file",
+        ),  # a FIFO: nothing will ever write it
+    ],
+    ids=["devices-null", "name-int", "name-list", "deep", "fifo"],
+)
+def test_a_probe_the_checks_cannot_read_is_refused_before_anything_is_removed(
+    tmp_path, content, recipe, reason
+):
+    """Each was a traceback inside the live checks (or a hang), after the previous result in
+    --out had been removed."""
+    probe = tmp_path / "probe.json"
+    if content is None:
+        os.mkfifo(probe)
+    else:
+        probe.write_text(content)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "env_check.json").write_text("previous")
+    proc = run_cli(
+        "env-check", str(recipe), "--probe-from", str(probe), "--out", str(out), timeout=60
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert _one_line_error(proc).startswith(f"recipeval: --probe-from {probe}: {reason}")
+    assert (out / "env_check.json").read_text() == "previous"
+
+
+def test_a_probe_written_by_probe_only_is_read_back(tmp_path):
+    probe = tmp_path / "probe.json"
+    probe.write_text(run_cli("env-check", "--probe-only").stdout)
+    proc = run_cli("env-check", str(TINY_RECIPE), "--probe-from", str(probe))
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -413,3 +413,44 @@ def test_import_with_a_name_no_recipe_may_have_names_the_recipe_file(cli, checko
     assert proc.stderr.startswith(f"recipeval: {out}:") and "name:" in proc.stderr
     assert "'bad name;'" in proc.stderr and proc.stderr.count("\n") == 1
     assert not out.exists() and not list(tmp_path.glob("tmp*.yaml"))
+
+
+# A checkout whose submit carries `--runtime-env-json` as given (its train() is SCRIPT's).
+RUNTIME_ENV_UTILS = """
+import shlex, subprocess
+
+def exec_command_cpu(cmd, capture_output=False):
+    return subprocess.run(["bash", "-c", cmd], check=True, capture_output=capture_output).stdout
+
+def execute_train(train_args, megatron_model_type, extra_env_vars):
+    exec_command_cpu(
+        "ray job submit --runtime-env-json=" + shlex.quote({env_json!r}) + " -- python3 train.py "
+        + train_args
+    )
+"""
+
+
+@pytest.mark.parametrize(
+    ("env_json", "reason"),
+    [
+        ("notjson", "Invalid JSON"),
+        ("[1,2]", "Input should be an object"),
+        ('{"env_vars": [1]}', "env_vars: Input should be an object"),
+    ],
+)
+def test_import_refuses_a_runtime_env_that_is_no_object_of_env_vars(
+    cli, checkout, tmp_path, env_json, reason
+):
+    """A --runtime-env-json that is not an object whose env_vars maps names to strings is one
+    line and exit 2 (it was a JSONDecodeError or AttributeError traceback)."""
+    root, _ = checkout
+    utils = root / "miles" / "utils" / "external_utils" / "command_utils.py"
+    utils.write_text(RUNTIME_ENV_UTILS.format(env_json=env_json))
+    _commit(root)
+    out = tmp_path / "tiny.yaml"
+    argv = ["import", "miles", "scripts/run_tiny.py", "--miles", str(root), "--out", str(out)]
+    proc = cli(*argv, "--", "train")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "--runtime-env-json" in proc.stderr and reason in proc.stderr
+    assert not out.exists()

@@ -5,53 +5,74 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import from_json
 
 from recipeval.checks.env_check import env_check, exit_status, report_lines
 from recipeval.errors import UsageError, say_error, unreadable_reason
 from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_OK
+from recipeval.readfile import read_regular
 
 
 def _read_probe(path: Path) -> dict | str:
     """A probe JSON written by `--probe-only`, or a one-line reason it cannot be used."""
     try:
-        found = json.loads(path.read_text())
+        # read_regular: a FIFO or device is refused, never waited on; pydantic's parser stops
+        # at a nesting depth the result file can still hold (json.loads recursed past it).
+        found = from_json(read_regular(path).decode())
     except OSError as err:
-        return f"--probe-from {path}: cannot read: {err.strerror or err}"
-    except json.JSONDecodeError as err:
-        return f"--probe-from {path}:{err.lineno}: not JSON ({err.msg}); write it with --probe-only"
+        reason = err.strerror or err
+        return f"--probe-from {path}: cannot read: {reason}; name the file --probe-only wrote"
     except UnicodeDecodeError as err:
         return f"--probe-from {path}: not UTF-8 text (byte {err.start}); write it with --probe-only"
+    except ValueError as err:
+        return f"--probe-from {path}: not JSON ({err}); write it with --probe-only"
     if not isinstance(found, dict) or "platform" not in found or "packages" not in found:
         return (
             f"--probe-from {path}: not a probe (no platform/packages); write it with --probe-only"
         )
     try:
-        _ProbeShape.model_validate(found)
+        # strict: the checks read the file's values, not these, so "1" is no number here
+        _ProbeShape.model_validate(found, strict=True)
     except ValidationError as err:
         return f"--probe-from {path}: {unreadable_reason(err)}; write it with --probe-only"
     return found
 
 
+class _Device(BaseModel):
+    name: str | None = None  # amdsmi may have no market name
+
+
 class _Devices(BaseModel):
-    devices: list[dict[str, Any]] | None = None
+    devices: list[_Device] = []  # absent when the source failed (then it has an error)
+
+
+class _Torch(_Devices):
+    version: str | None = None
+    cuda: str | None = None
+    hip: str | None = None
+    error: str | None = None
 
 
 class _Ray(BaseModel):
     address: str | None = None
     reachable: bool | None = None
     gpus: float | None = None
+    nodes: int | None = None
+    ray_version: str | None = None
+    note: str | None = None
+    error: str | None = None
 
 
 class _ProbeShape(BaseModel):
-    """The parts of a `--probe-only` JSON the live checks read, typed, so a hand-edited or
-    foreign file is refused here rather than failing inside a check (extra keys are fine)."""
+    """The parts of a `--probe-only` JSON the live checks read, typed as probe.py writes them,
+    so a hand-edited or foreign file is refused here rather than failing inside a check, after
+    the previous result was removed (extra keys are fine)."""
 
     platform: str
     packages: dict[str, str | None]
-    torch: _Devices | None = None
+    torch: _Torch | None = None
     nvml: _Devices | None = None
     amdsmi: _Devices | None = None
     ray: _Ray | None = None

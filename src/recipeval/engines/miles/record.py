@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from recipeval.engines.miles.record_driver import UNRECORDABLE_EXIT
 from recipeval.errors import unreadable_reason
 from recipeval.readfile import read_regular
@@ -248,8 +250,22 @@ def _launch(
     )
     if env_json is None:
         raise RecordError("the recorded `ray job submit` has no --runtime-env-json")
-    runtime_env = {k: str(v) for k, v in json.loads(env_json).get("env_vars", {}).items()}
+    try:
+        runtime_env = _RuntimeEnv.model_validate_json(env_json).env_vars
+    except ValidationError as err:
+        raise RecordError(
+            f"the recorded `ray job submit` has a --runtime-env-json ray cannot use "
+            f"({unreadable_reason(err)}); the launch script must pass a JSON object whose "
+            "env_vars maps names to strings"
+        ) from None
     return ["ray", *words], {k: _placeholder(v, checkout) for k, v in exported.items()}, runtime_env
+
+
+class _RuntimeEnv(BaseModel):
+    """What the recording keeps of a job's runtime env: env_vars, strings as ray requires (a
+    number is not turned into one); other keys are ignored."""
+
+    env_vars: dict[str, str] = {}
 
 
 def _shell_words(command: str) -> tuple[list[str], dict[str, str]]:
