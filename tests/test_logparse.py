@@ -97,6 +97,20 @@ def test_incremental_feed_matches_whole_file():
     pd.testing.assert_frame_equal(parser.table(), parse_lines(lines).steps)
 
 
+def test_an_id_past_the_tables_int64_is_a_malformed_line_not_the_end_of_the_parse():
+    """A 20-digit step id (or train/step) ended the parse in OverflowError: parse-log and every
+    --from-log stage died on one corrupt line."""
+    parsed = parse_lines(
+        [
+            "step 9223372036854775808: {'train/loss': 1.0}",
+            "step 1: {'train/loss': 2.0, 'train/step': 1e300}",
+            "step 2: {'train/loss': 3.0}",
+        ]
+    )
+    assert parsed.steps["train/loss"].tolist() == [3.0]
+    assert [bad.line_number for bad in parsed.malformed] == [1, 2]
+
+
 def test_empty_log_gives_empty_table_with_fixed_columns():
     steps = parse_lines(["no metrics here", ""]).steps
     assert list(steps.columns) == ["rollout_id", "timestamp", "cycle_time"]

@@ -90,6 +90,7 @@ STEP_TIME = "perf/step_time"
 STEP_TIME_PARTS = ("perf/train_wait_time", "perf/train_time")
 # Dicts printed over more lines than this are taken as broken.
 MAX_CONTINUATION_LINES = 1000
+ID_MAX = 2**63 - 1  # the step table's ids are int64
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,13 @@ def infer_steps_per_rollout(pairs: dict[int, int]) -> int:
         if rollout > 0:
             candidates.add(max(step // rollout, 1))
     return max(sorted(candidates), key=lambda k: sum(s // k == r for s, r in pairs.items()))
+
+
+def _ids_fit(logged_id: int, values: dict[str, float]) -> bool:
+    """Whether the line's id and its train/step fit the step table's int64 ids (a corrupt
+    line's 20-digit id would otherwise end the whole parse)."""
+    step = values.get("train/step", math.nan)
+    return 0 <= logged_id <= ID_MAX and (not math.isfinite(step) or abs(step) <= ID_MAX)
 
 
 @dataclass
@@ -291,6 +299,8 @@ class MilesLogParser:
         try:
             values = parse_metric_dict(body)
         except ValueError:
+            values = None
+        if values is None or not _ids_fit(message.id, values):
             self._malformed.append(Malformed(line_number or self.lines, record[:200]))
             self._count(self._dropped, message.label)
             return None
