@@ -112,11 +112,16 @@ def test_16_gpus_fit_only_with_a_memory_knob_and_the_explorer_names_it(cli, tmp_
     )
     # Emitting again with fewer layouts leaves only those: the sweep runs every recipe there.
     (tmp_path / "emit" / "mine.yaml").write_text("name: mine\n")
+    # a user's file of any shape stays, and is no traceback (RecursionError before)
+    deep = "a: " + "[" * 5000 + "]" * 5000 + "\n"
+    (tmp_path / "emit" / "deep.yaml").write_text(deep)
     again = cli(
         "layouts", str(AMD), "--gpus", "16", "--top", "1",
         "--arg", f"optimizer-offload-fraction={offload}", "--emit", str(tmp_path / "emit"),
     )  # fmt: skip
     assert again.returncode == 0 and "(removed 1 an earlier --emit left there)" in again.stdout
+    assert (tmp_path / "emit" / "deep.yaml").read_text() == deep
+    (tmp_path / "emit" / "deep.yaml").unlink()
     assert len([p for p in (tmp_path / "emit").glob("*.yaml") if p.name != "mine.yaml"]) == 1
     assert (tmp_path / "emit" / "mine.yaml").read_text() == "name: mine\n"
     # A variant explored again into its own folder stays: the new variants extend it.

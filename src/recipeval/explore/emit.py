@@ -9,8 +9,12 @@ from typing import Any
 
 import yaml
 
+from recipeval.readfile import read_regular
 from recipeval.recipe import load_recipe
 from recipeval.recipe.schema import Sweep
+
+# An emitted variant is a few KiB: a larger .yaml in the folder is not one of ours.
+VARIANT_LIMIT = 1024 * 1024
 
 
 class EmitError(ValueError):
@@ -69,8 +73,10 @@ def remove_stale_variants(folder: Path, keep: list[Path], inputs: list[Path]) ->
         if path.resolve() in kept or path.name.startswith(".") or not path.is_file():
             continue
         try:
-            body = yaml.safe_load(path.read_text())
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            body = yaml.safe_load(read_regular(path, limit=VARIANT_LIMIT).decode())
+        # a user's file of any shape is not ours: too large, nested past the parser's
+        # recursion, a date like 2001-02-30 (ValueError)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError, ValueError):
             continue
         if isinstance(body, dict) and "sweep" in body:
             path.unlink()
