@@ -569,3 +569,84 @@ def test_an_unreadable_history_file_is_skipped_with_one_line_naming_it(
     assert lines.count(folder_line) == 1, lines  # once, though publish reads the folder twice
     assert sum("20250101T000000Z-truncated.json: Invalid JSON" in line for line in lines) == 1
     assert "skipping" not in captured.out
+
+
+def _publish_cli(results: Path, history: Path, *extra: str) -> subprocess.CompletedProcess:
+    """publish with every output beside `results` (never the working directory's results/)."""
+    outputs = ("--tables", results / "tables", "--junit", results / "junit.xml")
+    verdict = ("--verdict", results / "regression.json", "--history", history)
+    return _cli("publish", str(results), *map(str, outputs + verdict), *extra)
+
+
+def _edit_result(results: Path, stage: str, path: str, value: object) -> Path:
+    """Set the dotted `path` of one stage's result file to `value`, as a hand edit would."""
+    file = next(results.glob(f"*/{stage}.json"))
+    data = json.loads(file.read_text())
+    *parents, leaf = path.split(".")
+    node = data
+    for key in parents:
+        node = node[key]
+    node[leaf] = value
+    file.write_text(json.dumps(data))
+    return file
+
+
+@pytest.mark.parametrize(
+    ("stage", "field", "value"),
+    [
+        ("bench", "recipe_facts.recipe_values", []),
+        ("bench", "recipe_facts.recipe_values", None),
+        ("bench", "recipe_facts.recipe_values", "x"),
+        ("bench", "recipe_facts.recipe_values", 3),
+        ("bench", "recipe_facts.nodes", "two"),
+        # No UTC offset: compared with the other stages' times, a guessed zone could leave the
+        # result out as stale, so it is refused.
+        ("smoke", "provenance.started", "2026-12-07T02:38:27"),
+        ("smoke", "provenance.finished", "yesterday"),
+    ],
+)
+def test_a_hand_edited_result_field_is_one_line_naming_file_and_field(
+    tmp_path: Path, stage: str, field: str, value: object
+) -> None:
+    results = write_run(tmp_path / "r", AMD_RECIPE, night(0))
+    file = _edit_result(results, stage, field, value)
+    history = tmp_path / "history"
+    proc = _publish_cli(results, history, "--no-plots")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"recipeval: unreadable stage result {file}: {field}: ")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert not list(history.glob("*/*.json"))
+
+
+def test_an_interval_that_leaves_out_its_estimate_is_still_drawn(tmp_path: Path) -> None:
+    """low above the estimate (a hand edit) made a negative error bar: plotting crashed after
+    the history was written, leaving half the outputs."""
+    results = write_run(tmp_path / "r", AMD_RECIPE, night(0))
+    _edit_result(results, "bench", "summary.metrics.cycle_time.low", 500.0)
+    proc = _publish_cli(results, tmp_path / "history")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert (results / "tables/plots/_overview/steady-state-times.png").is_file()
+    assert json.loads((results / "regression.json").read_text())["ok"]
+
+
+def _strict_json(text: str) -> object:
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_change_from_a_baseline_of_zero_has_no_relative_change(tmp_path: Path) -> None:
+    """A baseline level of 0 made rel_change +inf, written as a bare Infinity: regression.json
+    was not JSON."""
+    history = tmp_path / "history"
+    for n, cycle in enumerate([0.0, 0.0, 474.0]):
+        results = write_run(tmp_path / f"n{n}", AMD_RECIPE, night(n), cycle=cycle)
+        proc = _publish_cli(results, history, "--no-plots")
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    verdict = _strict_json((results / "regression.json").read_text())
+    (cycle_verdict,) = [
+        m for m in verdict["recipes"][0]["metrics"] if m["metric"] == "bench.metrics.cycle_time"
+    ]
+    assert cycle_verdict["kind"] == "regression" and cycle_verdict["rel_change"] is None
+    assert "regression metrics.cycle_time n/a" in (results / "tables/benchmarks.md").read_text()

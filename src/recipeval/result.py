@@ -9,9 +9,11 @@ import subprocess
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+from typing_extensions import TypedDict  # pydantic needs this one below Python 3.12
 
 from recipeval.atomic import atomic_write_text
 from recipeval.readfile import read_regular
@@ -41,6 +43,43 @@ class Check(BaseModel):
     threshold: Any = None
 
 
+def _aware_time(value: str | None) -> str | None:
+    """An ISO 8601 time with its UTC offset, as stages write them (now_iso). A time without one
+    is refused rather than read as UTC: publish compares the stages' times (stale_results), and
+    a guessed zone hours off would silently leave a result out as stale."""
+    if value is None:
+        return None
+    try:
+        offset = datetime.fromisoformat(value).utcoffset()
+    except ValueError:
+        offset = None
+    if offset is None:
+        raise PydanticCustomError(
+            "aware_time",
+            "{value} is not an ISO 8601 time with a UTC offset (stages write e.g. "
+            "2026-12-07T02:38:27+00:00)",
+            {"value": repr(value)},
+        )
+    return value
+
+
+Timestamp = Annotated[str | None, AfterValidator(_aware_time)]
+
+
+class RecipeFacts(TypedDict, total=False):
+    """recipe_facts as recipe.facts writes them, typed so a hand-edited result is refused when
+    read, naming the field, not deep inside publish."""
+
+    __pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[misc]
+    platform: str | None
+    gpu: str | None
+    nodes: int | None
+    gpus_per_node: int | None
+    layout: str | None
+    max_response_len: int | None
+    recipe_values: dict[str, Any]
+
+
 class Provenance(BaseModel):
     recipe: str
     recipe_path: str | None = None
@@ -48,8 +87,8 @@ class Provenance(BaseModel):
     stage: str
     host: str = Field(default_factory=socket.gethostname)
     user: str | None = None
-    started: str | None = None
-    finished: str | None = None
+    started: Timestamp = None
+    finished: Timestamp = None
     packages: dict[str, str] = Field(default_factory=dict)
     gpu: str | None = None
     launcher_revision: str | None = None
@@ -65,7 +104,7 @@ class StageResult(BaseModel):
     provenance: Provenance
     artifacts: dict[str, str] = Field(default_factory=dict, description="name -> path")
     message: str = ""
-    recipe_facts: dict[str, Any] = Field(
+    recipe_facts: RecipeFacts = Field(
         default_factory=dict,
         description="the recipe as the stage ran it (platform, GPUs, layout, values): what "
         "publish shows, so it never reads recipe files again",

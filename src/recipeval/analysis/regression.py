@@ -191,10 +191,25 @@ def abs_floor(metric: str) -> float:
     return LOGPROB_ABS_FLOOR if _LOGPROB.search(metric) else 0.0
 
 
-def _rel(new: float, old: float) -> float:
+def _rel(new: float, old: float) -> float | None:
+    """(new - old) / |old|; None where it has no finite value (a baseline of 0), which the
+    verdict JSON could not hold (JSON has no Infinity) and the tables show as n/a."""
     if old == 0:
-        return 0.0 if new == 0 else math.copysign(math.inf, new)
-    return (new - old) / abs(old)
+        return None
+    rel = (new - old) / abs(old)
+    return rel if math.isfinite(rel) else None
+
+
+def _pct(rel: float | None, sign: str = "+") -> str:
+    """A relative change for a reason: +12.3%, or n/a (see _rel)."""
+    return "n/a" if rel is None else f"{rel:{sign}.1%}"
+
+
+def _kind(changed: bool, delta: float, better_up: bool) -> Kind:
+    """By the sign of the change, which exists where its relative size does not (_rel)."""
+    if not changed:
+        return "unchanged"
+    return "regression" if (delta < 0 if better_up else delta > 0) else "improvement"
 
 
 def _segments(n: int, starts: Sequence[int]) -> list[tuple[int, int]]:
@@ -604,13 +619,15 @@ def _short_history(
     mean = float(hist.mean())
     rel = _rel(value, mean)
     band = max(settings.min_change, settings.short_history_band)
-    changed = abs(rel) >= band
-    reason = f"{abs(rel):.1%} vs the mean of {len(hist)} run(s); short history: band {band:.0%}"
+    # No relative change (a mean of 0): any change is beyond the band.
+    changed = value != mean if rel is None else abs(rel) >= band
+    reason = (
+        f"{_pct(None if rel is None else abs(rel), '')} vs the mean of {len(hist)} run(s); short history: "
+        f"band {band:.0%}"
+    )
     changed, reason = _apply_floor(metric, changed, value - mean, reason)
     better_up = higher_is_better(metric)
-    kind: Kind = "unchanged"
-    if changed:
-        kind = "regression" if (rel < 0 if better_up else rel > 0) else "improvement"
+    kind = _kind(changed, value - mean, better_up)
     return MetricVerdict(
         metric,
         kind,
@@ -647,7 +664,7 @@ def _verdict(cand: _Candidate, settings: RegressionSettings, level: float) -> Me
     if not points:
         rel = _rel(value, baseline)
         reason = (
-            f"{rel:+.1%} vs {baseline:.4g} (median of {len(base)} runs, noise sd {sigma:.3g}); "
+            f"{_pct(rel)} vs {baseline:.4g} (median of {len(base)} runs, noise sd {sigma:.3g}); "
             f"no change point at alpha {settings.alpha:g} per recipe and night"
         )
         return MetricVerdict(
@@ -673,19 +690,17 @@ def _verdict(cand: _Candidate, settings: RegressionSettings, level: float) -> Me
     changed = p_net < settings.alpha  # one-sided at alpha / 2, in the direction it moved
     nights = len(x) - first
     reason = (
-        f"{rel:+.1%}: level {level_now:.4g} over the last {len(current)} night(s) against "
+        f"{_pct(rel)}: level {level_now:.4g} over the last {len(current)} night(s) against "
         f"{baseline:.4g} before the change point {nights} night(s) ago (noise sd "
         f"{sigma:.3g}, p={p_net:.2g}, {len(points)} change point(s))"
     )
     changed, reason = _apply_floor(metric, changed, level_now - baseline, reason)
-    small = changed and abs(rel) < settings.min_change
+    small = changed and rel is not None and abs(rel) < settings.min_change
     if small:
         reason = f"small but clear: {reason}; under min_change {settings.min_change:.0%}"
     if not changed:
         reason += "; the level returned: no net change"
-    kind: Kind = "unchanged"
-    if changed:
-        kind = "regression" if (rel < 0 if better_up else rel > 0) else "improvement"
+    kind = _kind(changed, level_now - baseline, better_up)
     return MetricVerdict(
         metric,
         kind,

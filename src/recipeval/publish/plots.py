@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 
 import matplotlib
 
@@ -68,6 +69,16 @@ def history_plot(
     return _png(fig)
 
 
+def _error_bar(upper: float | None, lower: float | None) -> float:
+    """One side of an error bar: `upper - lower`, 0 where it is unknown, negative (a
+    hand-edited interval that leaves out its estimate) or not finite (a difference of huge
+    values), so the bar is still drawn; the tables show the interval as it was recorded."""
+    if upper is None or lower is None:
+        return 0.0
+    size = upper - lower
+    return size if math.isfinite(size) and size > 0 else 0.0
+
+
 def stage_time_plot(bars: dict[str, dict[str, tuple[float, float | None, float | None]]]) -> bytes:
     """Latest steady-state times per recipe (estimate with interval), one group per recipe."""
     recipes = list(bars)
@@ -81,8 +92,8 @@ def stage_time_plot(bars: dict[str, dict[str, tuple[float, float | None, float |
                 est, low, high = bars[recipe][metric]
                 xs.append(j + i * width)
                 ys.append(est)
-                errs[0].append(est - low if low is not None else 0)
-                errs[1].append(high - est if high is not None else 0)
+                errs[0].append(_error_bar(est, low))
+                errs[1].append(_error_bar(high, est))
         ax.bar(xs, ys, width=width, yerr=errs, capsize=2, label=metric)
     ax.set_xticks([j + width * (len(metrics) - 1) / 2 for j in range(len(recipes))])
     ax.set_xticklabels(recipes, fontsize=7, rotation=15, ha="right")

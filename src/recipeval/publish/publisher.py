@@ -165,9 +165,12 @@ def _write_outputs(
     )
     history.rebuild_parquet(out.history)
     _write_text(out.junit, junit_text(records, verdicts))
-    _write_text(
-        out.verdict, json.dumps(verdict_document(outcome, generated), indent=1, default=str) + "\n"
+    # allow_nan=False: a NaN or Infinity would make the file invalid JSON for every reader
+    # (nightly, CI); better a loud failure here.
+    verdict = json.dumps(
+        verdict_document(outcome, generated), indent=1, default=str, allow_nan=False
     )
+    _write_text(out.verdict, verdict + "\n")
 
 
 def summary_lines(outcome: PublishReport) -> list[str]:

@@ -224,10 +224,9 @@ STALE_AFTER = timedelta(minutes=5)
 
 
 def _started(result: StageResult) -> datetime | None:
-    try:
-        return datetime.fromisoformat(result.provenance.started or "")
-    except ValueError:
-        return None
+    # Provenance took only times with a UTC offset, so any two compare.
+    started = result.provenance.started
+    return datetime.fromisoformat(started) if started else None
 
 
 def stale_results(results: list[StageResult]) -> list[tuple[StageResult, StageResult]]:
@@ -258,8 +257,12 @@ def collect_results(paths: Iterable[Path]) -> dict[str, list[StageResult]]:
     for file in result_files(paths):
         try:
             res = _locate_artifacts(read_result(file), file.parent)
-        except (ValueError, OSError) as err:
+        except OSError as err:
             raise ValueError(f"{file}: {unreadable_reason(err)}") from None
+        except ValueError as err:  # read_result validates every field publish uses
+            raise ValueError(
+                f"{file}: {unreadable_reason(err)}; correct it or run its stage again"
+            ) from None
         try:
             check_name(res.recipe)
         except UnsafeName as err:

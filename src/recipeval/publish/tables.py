@@ -70,9 +70,9 @@ def _history_text(verdict: RecipeVerdict | None) -> str:
     if verdict.status == "failed":
         return "failed: " + ", ".join(f.split(":", 1)[0] for f in verdict.failures)
     notes = [
-        f"{m.kind} {m.metric.split('.', 1)[-1]} {m.rel_change:+.1%}"
+        f"{m.kind} {m.metric.split('.', 1)[-1]} "
+        + ("n/a" if m.rel_change is None else f"{m.rel_change:+.1%}")  # n/a: a baseline of 0
         for m in verdict.regressions + verdict.improvements
-        if m.rel_change is not None
     ]
     if notes:
         return "; ".join(notes)
