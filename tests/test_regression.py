@@ -246,6 +246,10 @@ def test_acknowledge_command_ends_a_reported_shift(tmp_path: Path) -> None:
     ):
         proc = _cli("acknowledge", recipe, *bad, "--history", history)
         assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    proc = _cli("acknowledge", recipe, first["run_id"], "--history", str(afile))
+    assert proc.returncode == 2 and f"--history {afile}: not a folder" in proc.stderr
     assert not (tmp_path / "history" / "acknowledged.json").exists()
     proc = _cli(
         "acknowledge", recipe, first["run_id"], "--note", "torch 2.9.2", "--history", history

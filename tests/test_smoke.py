@@ -398,10 +398,11 @@ def test_hostile_recipe_values_reach_the_engine_as_plain_words(cli, tmp_path, ru
     assert not list(tmp_path.glob("pwned*"))
 
 
-def test_a_stopped_run_leaves_no_stale_verdict(tmp_path):
-    """A stage removes its previous result before it launches: a run killed half-way (here
-    SIGTERM, as Slurm or Snakemake cancel a job) leaves its partial log and no result, never
-    the last run's `pass` beside the new log."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_run_leaves_no_stale_verdict(tmp_path, signum):
+    """A stage removes its previous result before it launches: a run killed half-way (SIGTERM,
+    as Slurm or Snakemake cancel a job; Ctrl-C) leaves its partial log and no result, never
+    the last run's `pass` beside the new log, and says it stopped (Ctrl-C said nothing)."""
     out = tmp_path / "out"
     old = run_cli(
         "smoke", str(TINY_RECIPE), "--out", str(out), "--from-log", str(LOGS / "miles_clean.log")
@@ -437,11 +438,13 @@ def test_a_stopped_run_leaves_no_stale_verdict(tmp_path):
             time.sleep(0.05)
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.5)  # the run is under way
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=60)
     finally:
         kill_session(proc)
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert proc.returncode == 128 + signum, stderr
+    said = {signal.SIGTERM: "got SIGTERM, stopping the job", signal.SIGINT: "got SIGINT, the job"}
+    assert said[signum] in stderr and "Traceback" not in stderr, stderr
     assert (out / "smoke.log").exists()
     assert not (out / "smoke.json").exists()
     # nor the last run's step table or plot; a file the stage does not write is left alone

@@ -543,6 +543,8 @@ def acknowledge(
     afresh (for one metric with --metric), so publish stops reporting it."""
     from recipeval.publish import history as run_history
 
+    if not history.is_dir():
+        _die(f"--history {history}: not a folder; name the run history publish writes")
     try:
         path = run_history.acknowledge(history, recipe, run_id, metric, note)
     except ValueError as err:

@@ -206,6 +206,9 @@ def stop_job_on_termination() -> Iterator[None]:
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
+    except KeyboardInterrupt:  # said once the runner's cleanup has run, which Ctrl-C started
+        print("recipeval: got SIGINT, the job was stopped", file=sys.stderr)
+        raise
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
