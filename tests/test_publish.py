@@ -565,7 +565,7 @@ def test_an_unreadable_history_file_is_skipped_with_one_line_naming_it(
     assert outcome.ok
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
-    folder_line = f"recipeval: skipping history file {record.parent}/20250102T000000Z-folder.json: Is a directory"
+    folder_line = f"recipeval: skipping history file {record.parent}/20250102T000000Z-folder.json: is a directory"
     assert lines.count(folder_line) == 1, lines  # once, though publish reads the folder twice
     assert sum("20250101T000000Z-truncated.json: Invalid JSON" in line for line in lines) == 1
     assert "skipping" not in captured.out
