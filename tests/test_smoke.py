@@ -314,6 +314,24 @@ def test_on_steps_can_stop_the_run(tmp_path):
     assert 3 <= len(outcome.steps) < 200
 
 
+def test_a_broken_on_steps_stops_the_run_and_the_log_keeps_its_last_lines(tmp_path):
+    program = miles_like_program(200).replace(
+        "for i in range(200):\n", "for i in range(200):\n    time.sleep(0.1)\n"
+    )
+    request = request_for(tmp_path)
+    resolved, _ = resolve_and_render(request)
+
+    def broken(steps: pd.DataFrame) -> bool:
+        raise KeyError("planted")
+
+    log = request.artifact(".log")
+    outcome = execute(request, resolved, python_launch(program), log, broken)
+    assert outcome.run.stopped and "on_steps failed: KeyError" in (outcome.failure or "")
+    # lines logged after the callback broke still reach the log
+    assert outcome.tail[-1] in log.read_text().splitlines()
+    assert len(log.read_text().splitlines()) == outcome.parsed.lines
+
+
 @pytest.mark.slow
 def test_ray_runner_pass_and_crash(tmp_path, monkeypatch):
     pytest.importorskip("ray")

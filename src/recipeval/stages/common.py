@@ -159,14 +159,16 @@ class LogSink:
         self.on_steps = on_steps
         self.stop = stop
         self.error: str | None = None
+        self.writing = True  # until a write fails; a broken callback keeps the log going
 
     def __call__(self, line: str) -> None:
         line = scrub(line, self.secrets)
-        if self.error is None:
+        if self.writing:
             try:
                 self.file.write(line + "\n")
                 self.file.flush()
             except OSError as err:
+                self.writing = False
                 self._fail(f"cannot write the stage log {self.path}: {err.strerror or err}")
         self.tail.append(line)
         if self.parser.feed(line) is None or self.on_steps is None or self.error:
