@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from recipeval.analysis.regression import RegressionSettings
 from recipeval.atomic import atomic_write_text
@@ -165,12 +167,22 @@ def _write_outputs(
     )
     history.rebuild_parquet(out.history)
     _write_text(out.junit, junit_text(records, verdicts))
-    # allow_nan=False: a NaN or Infinity would make the file invalid JSON for every reader
-    # (nightly, CI); better a loud failure here.
-    verdict = json.dumps(
-        verdict_document(outcome, generated), indent=1, default=str, allow_nan=False
-    )
+    document = _finite(verdict_document(outcome, generated))
+    verdict = json.dumps(document, indent=1, default=str, allow_nan=False)
     _write_text(out.verdict, verdict + "\n")
+
+
+def _finite(value: Any) -> Any:
+    """`value` with each NaN or infinity as None: JSON has neither, so a reader of the verdict
+    (nightly, CI) would reject the file, and failing here would leave the history updated and
+    the outputs half written."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def summary_lines(outcome: PublishReport) -> list[str]:
