@@ -231,7 +231,7 @@ def stop_head(state: HeadState, grace: float = 15.0) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     psutil.wait_procs(leftovers, timeout=5)
-    if own_temp and _is_ray_temp_dir(Path(state.temp_dir)):
+    if own_temp and _ray_used(Path(state.temp_dir)):
         shutil.rmtree(state.temp_dir, ignore_errors=True)
     if Path(state.log).name.startswith(LOG_PREFIX):
         Path(state.log).unlink(missing_ok=True)
@@ -255,9 +255,9 @@ def _in_dir(word: str, folder: str) -> bool:
     return False
 
 
-def _is_ray_temp_dir(path: Path) -> bool:
-    """A temp dir start_head made: its name, and empty or holding Ray's sessions."""
-    if not path.name.startswith(TEMP_PREFIX) or not path.is_dir() or path.is_symlink():
+def _ray_used(path: Path) -> bool:
+    """A folder Ray's head could have made its temp dir: empty, or holding Ray's sessions."""
+    if not path.is_dir() or path.is_symlink():
         return False
     entries = [entry.name for entry in path.iterdir()]
     return not entries or any(name.startswith("session_") for name in entries)
@@ -302,10 +302,8 @@ def read_state(state_dir: Path) -> HeadState | None:
         state = HeadState(**_HeadRecord.model_validate_json(raw).model_dump())
     except ValidationError as err:
         raise HeadRecordError(f"{path}: {unreadable_reason(err)}") from None
-    log = Path(state.log)
-    if not Path(state.temp_dir).is_absolute() or not Path(state.temp_dir).name.startswith(
-        TEMP_PREFIX
-    ):
+    temp_dir, log = Path(state.temp_dir), Path(state.log)
+    if not temp_dir.is_absolute() or not temp_dir.name.startswith(TEMP_PREFIX):
         raise HeadRecordError(f"{path}: temp_dir {state.temp_dir!r} is not a head's temp dir")
     if log.parent.resolve() != state_dir.resolve() or not log.name.startswith(LOG_PREFIX):
         raise HeadRecordError(f"{path}: log {state.log!r} is not a head's log in {state_dir}")
