@@ -629,6 +629,28 @@ def test_an_interval_that_leaves_out_its_estimate_is_still_drawn(tmp_path: Path)
     assert json.loads((results / "regression.json").read_text())["ok"]
 
 
+def test_a_value_matplotlib_cannot_lay_out_leaves_out_its_figures_not_the_outputs(
+    tmp_path: Path,
+) -> None:
+    """A hand-edited estimate near the largest float overflowed matplotlib's axis code after the
+    history was written: a traceback, and no tables, page or verdict for the night."""
+    history = tmp_path / "history"
+    for n, cycle in enumerate([474.0, 475.0, 1.6e308]):
+        results = write_run(tmp_path / f"n{n}", AMD_RECIPE, night(n), cycle=cycle)
+        proc = _publish_cli(results, history)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    skipped = [line for line in proc.stderr.splitlines() if "cannot draw it" in line]
+    assert len(skipped) == 2 and "RuntimeWarning" not in proc.stderr, proc.stderr
+    assert skipped[0].startswith("recipeval: figure 'steady-state times': cannot draw it (")
+    assert "bench.metrics.cycle_time'" in skipped[1]
+    plots = results / "tables/plots"
+    assert not (plots / "_overview/steady-state-times.png").exists()
+    assert len(list(plots.glob("*/history-*.png"))) == 3  # the other metrics still drawn
+    assert "regression bench.metrics.cycle_time: 3.4e+307% vs the mean" in proc.stdout
+    assert not _strict_json((results / "regression.json").read_text())["ok"]
+    assert "deepseek" in (results / "tables/benchmarks.html").read_text()
+
+
 def _strict_json(text: str) -> object:
     def refuse(constant: str) -> None:
         raise AssertionError(f"{constant} is not JSON")

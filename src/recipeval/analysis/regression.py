@@ -201,8 +201,11 @@ def _rel(new: float, old: float) -> float | None:
 
 
 def _pct(rel: float | None, sign: str = "+") -> str:
-    """A relative change for a reason: +12.3%, or n/a (see _rel)."""
-    return "n/a" if rel is None else f"{rel:{sign}.1%}"
+    """A relative change for a reason: +12.3%, +3.4e+09% past a million per cent (a
+    hand-edited value: fixed notation would print hundreds of digits), or n/a (see _rel)."""
+    if rel is None:
+        return "n/a"
+    return f"{rel:{sign}.1%}" if abs(rel) < 1e4 else f"{rel * 100:{sign}.2g}%"
 
 
 def _kind(changed: bool, delta: float, better_up: bool) -> Kind:

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from recipeval.atomic import atomic_write, atomic_write_text
+from recipeval.errors import say_error
 from recipeval.publish import plots
 from recipeval.publish.compare import RecipeVerdict
 from recipeval.publish.records import RunRecord
@@ -35,6 +38,18 @@ class Figure:
     png: bytes
 
 
+def _drawn(group: str, name: str, title: str, draw: Callable[[], bytes]) -> list[Figure]:
+    """The figure `draw` makes, or none, with one line, when matplotlib cannot lay out its
+    values (a hand-edited estimate near the largest float overflows the axis): the history
+    already holds the run, and the tables and verdict must still be written."""
+    try:
+        with np.errstate(all="ignore"):  # the overflow is reported once, below
+            return [Figure(group, name, title, draw())]
+    except (OverflowError, ValueError) as err:
+        say_error(f"figure {title!r}: cannot draw it ({err}); left out of the page and plots")
+        return []
+
+
 def _file_stem(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
 
@@ -54,9 +69,9 @@ def overview_figures(records: list[RunRecord]) -> list[Figure]:
                 )
     if not bars:
         return []
-    return [
-        Figure(OVERVIEW, "steady-state-times", "steady-state times", plots.stage_time_plot(bars))
-    ]
+    return _drawn(
+        OVERVIEW, "steady-state-times", "steady-state times", lambda: plots.stage_time_plot(bars)
+    )
 
 
 def history_figures(
@@ -74,11 +89,11 @@ def history_figures(
         for metric in wanted:
             # A history plot needs a history: one point says nothing a table cell does not.
             if ((frame["recipe"] == rec.recipe) & (frame["metric"] == metric)).sum() >= 2:
-                png = plots.history_plot(frame, rec.recipe, metric, verdict)
-                figures.append(
-                    Figure(
-                        rec.recipe, _file_stem(f"history-{metric}"), f"{rec.recipe} {metric}", png
-                    )
+                figures += _drawn(
+                    rec.recipe,
+                    _file_stem(f"history-{metric}"),
+                    f"{rec.recipe} {metric}",
+                    partial(plots.history_plot, frame, rec.recipe, metric, verdict),
                 )
     return figures
 

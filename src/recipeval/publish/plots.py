@@ -18,8 +18,10 @@ from recipeval.publish.compare import RecipeVerdict
 
 def _png(fig: plt.Figure) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(buf, format="png", dpi=110)
+    finally:  # a figure that cannot be laid out must not stay open in pyplot
+        plt.close(fig)
     return buf.getvalue()
 
 
