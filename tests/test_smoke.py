@@ -241,7 +241,29 @@ def test_clean_run_passes_with_a_progress_line_per_rollout(tmp_path, capsys):
 def test_crash_mid_run_is_error_with_the_crash_lines(tmp_path):
     result, _ = smoke_with(miles_like_program(3, crash_after=1), tmp_path)
     assert result.status == "error"
-    assert "crashed" in result.message and "planted crash at rollout 1" in result.message
+    # The first line, the one a terminal shows, ends with the exception; the traceback follows.
+    headline, *rest = result.message.splitlines()
+    assert headline.startswith("the run crashed: exited with status 1; the log (")
+    assert headline.endswith("ends: RuntimeError: NCCL error: planted crash at rollout 1")
+    assert rest[0] == "last log lines:" and "Traceback (most recent call last):" in rest
+
+
+def test_a_cache_folder_the_engine_cannot_make_is_named_on_the_stage_line(tmp_path):
+    """RECIPEVAL_CACHE_DIR naming a file: the engine ran its warm start, then died on the save
+    with a traceback, and the stage's line ended at "last log lines (...):"."""
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("")
+    env = clean_env(RECIPEVAL_CACHE_DIR=str(not_a_folder))
+    proc = run_cli("smoke", str(TINY_RECIPE), "--out", str(tmp_path / "out"), env=env)
+    assert proc.returncode == 3, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith("smoke error: tiny-grpo-cpu: the run crashed: exited with status 2; ")
+    assert line.endswith(
+        f"error: --cache-dir {not_a_folder}/reference: cannot make the warm-start cache folder "
+        "(Not a directory); it defaults to $RECIPEVAL_CACHE_DIR/reference, else "
+        "$XDG_CACHE_HOME/recipeval/reference: point it at a folder this user can write"
+    )
+    assert "Traceback" not in (tmp_path / "out/smoke.log").read_text()
 
 
 def test_timeout_is_error_and_leaves_no_process(tmp_path):

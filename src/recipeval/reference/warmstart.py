@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_model, save_model
 
-from recipeval.reference.config import EngineConfig
+from recipeval.reference.config import ConfigError, EngineConfig
 from recipeval.reference.logfmt import MAIN
 from recipeval.reference.modeling import BASE_CONFIG, build_model
 from recipeval.reference.task import PROMPT_TOKENS, TASK_NAME, problems
@@ -59,6 +59,14 @@ def initial_state(config: EngineConfig, device: torch.device) -> dict[str, torch
     if config.warm_start_steps == 0:
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
     path = config.cache_dir / f"warmstart-{warm_start_key(config)}.safetensors"
+    try:  # before the warm start's steps, which the cache exists to save
+        config.cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"--cache-dir {config.cache_dir}: cannot make the warm-start cache folder "
+            f"({err.strerror or err}); it defaults to $RECIPEVAL_CACHE_DIR/reference, else "
+            "$XDG_CACHE_HOME/recipeval/reference: point it at a folder this user can write"
+        ) from None
     if path.exists():
         load_model(model, str(path))
         logger.info(f"warm start: loaded {path}")

@@ -34,6 +34,8 @@ from recipeval.runners.base import stop_job_on_termination
 from recipeval.stages.progress import Precision, StageProgress
 
 TAIL_LINES = 30
+# The log's last line as a failure's headline is cut here (a JSON dump can be one long line).
+LAST_LINE_CHARS = 500
 
 # Called with the step table so far after each metric line; True asks the runner to stop.
 OnSteps = Callable[[pd.DataFrame], bool]
@@ -348,5 +350,16 @@ def run_failure(outcome: StageRun, log: Path | None = None) -> str | None:
         why = f"the run crashed: {run.detail or f'exit status {run.exit_code}'}"
     else:
         return None
+    return with_log_tail(why, outcome, log)
+
+
+def with_log_tail(why: str, outcome: StageRun, log: Path | None = None) -> str:
+    """`why` and the log's last non-blank line on the first line (the one line a terminal or a
+    Snakemake log shows: for a Python crash, the exception), the log's last lines below."""
     tail = outcome.tail_text()
-    return f"{why}; last log lines ({log or outcome.log_path}):\n{tail}" if tail else why
+    last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")
+    if not last:
+        return why
+    if len(last) > LAST_LINE_CHARS:
+        last = last[: LAST_LINE_CHARS - 3] + "..."
+    return f"{why}; the log ({log or outcome.log_path}) ends: {last}\nlast log lines:\n{tail}"

@@ -53,7 +53,14 @@ from recipeval.recipe import resolve
 from recipeval.recipe.schema import ABS_DIFF_CUTOFF
 from recipeval.result import Check
 from recipeval.runners import default_runner_name
-from recipeval.stages.common import Judgement, StageRequest, StageRun, execute, run_failure
+from recipeval.stages.common import (
+    Judgement,
+    StageRequest,
+    StageRun,
+    execute,
+    run_failure,
+    with_log_tail,
+)
 from recipeval.stages.driver import Stage, Verdict
 
 STAGE = "logprob_diff"
@@ -199,7 +206,7 @@ def rescore(request: StageRequest, runs: list[VariantRun], reference: str | None
 def _failure(outcome: StageRun, log: Path) -> str | None:
     failure = run_failure(outcome, log)
     if failure is None and outcome.steps.empty:
-        failure = f"the run logged no rollout; last log lines:\n{outcome.tail_text()}"
+        failure = with_log_tail("the run logged no rollout", outcome, log)
     return failure
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from recipeval.recipe import Resolved
 from recipeval.result import Check
-from recipeval.stages.common import Judgement, StageRequest, StageRun, run_failure
+from recipeval.stages.common import Judgement, StageRequest, StageRun, run_failure, with_log_tail
 from recipeval.stages.driver import Stage, launch_once
 
 STAGE = "smoke"
@@ -87,9 +87,7 @@ def judge(outcome: StageRun, expected: int) -> Judgement:
         and len(trained) < expected
         and any(PY_TRACEBACK in line for line in outcome.tail)
     ):
-        failure = (
-            f"the logged run crashed; last log lines ({outcome.log_path}):\n{outcome.tail_text()}"
-        )
+        failure = with_log_tail("the logged run crashed", outcome)
     checks: list[Check] = []
     if outcome.run is not None:
         checks.append(
