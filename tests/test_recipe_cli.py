@@ -314,3 +314,32 @@ def test_a_newline_in_a_file_name_keeps_each_error_on_one_line(cli, tmp_path):
         proc = cli(*argv, cwd=tmp_path)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert proc.stderr.startswith(line), proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "start"),
+    [
+        (["smoke", "--bogus"], "recipeval: smoke: No such option: --bogus"),
+        (["nosuch"], "recipeval: No such command 'nosuch'"),
+        (["publish", "--alpha", "x"], "recipeval: publish: Invalid value for '--alpha': "),
+        (["smoke", "--timeout", "5x", "r.yaml"], "recipeval: smoke: Invalid value for '--timeout'"),
+        (["import", "miles", "--bogus"], "recipeval: import miles: No such option: --bogus"),
+        (["validate"], "recipeval: validate: Missing argument 'recipes'"),
+    ],
+)
+def test_a_command_line_mistake_is_one_line_naming_the_command_and_its_help(cli, args, start):
+    """typer's usage errors were a usage line, a hint and a boxed message: up to six lines of a
+    Snakemake log for one mistyped option."""
+    proc = cli(*args)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    command = start.removeprefix("recipeval: ").split(":")[0]
+    # The help is named as the command was typed (the cli fixture runs `python -m recipeval`).
+    help_of = "python -m recipeval" + ("" if command.startswith("No such") else f" {command}")
+    assert line.startswith(start) and line.endswith(f"; see '{help_of} --help'"), line
+
+
+def test_a_bare_command_shows_its_help(cli):
+    proc = cli()
+    assert proc.returncode == 2 and "Usage: python -m recipeval [OPTIONS] COMMAND" in proc.stdout
+    assert cli("--help").returncode == 0

@@ -835,9 +835,37 @@ def ablate(
         _die(str(err))
 
 
+# The exceptions of the click typer parses with (a copy of its own since typer 0.2x), found
+# through the one typer exports.
+_CLICK_ERRORS = sys.modules[typer.BadParameter.__module__]
+
+
+def _usage_line(err: Exception) -> str:
+    """A command-line mistake in one line, naming the command and where its help is (click's
+    own form is a usage line, a hint and a boxed message: three to six lines in a log)."""
+    ctx = getattr(err, "ctx", None)
+    names = []  # the subcommands, without the program ("recipeval" or "python -m recipeval")
+    while ctx is not None and ctx.parent is not None:
+        names.insert(0, ctx.info_name)
+        ctx = ctx.parent
+    command = getattr(err, "ctx", None)
+    help_of = command.command_path if command is not None else "recipeval"
+    message = " ".join(err.format_message().split()).rstrip(".")
+    return f"{' '.join(names) + ': ' if names else ''}{message}; see '{help_of} --help'"
+
+
 def main() -> None:
     try:
-        app()
+        code = app(standalone_mode=False)
+    except _CLICK_ERRORS.ClickException as err:
+        if isinstance(err, getattr(_CLICK_ERRORS, "NoArgsIsHelpError", ())):
+            err.show()  # a bare command: its help, as click shows it
+        else:
+            say_error(_usage_line(err))
+        sys.exit(err.exit_code)
+    except typer.Abort:
+        say_error("aborted")
+        sys.exit(EXIT_FAIL)
     except (RecipeError, UsageError) as err:
         say_error(err)
         sys.exit(EXIT_BAD_INPUT)
@@ -848,3 +876,4 @@ def main() -> None:
         # the path it names, not a traceback.
         say_error(os_error_line(err))
         sys.exit(EXIT_ERROR)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)
