@@ -144,8 +144,18 @@ def test_a_failing_script_is_a_clear_error(checkout):
         record_launch(root, "scripts/missing.py", [], commit="abc1234")
     with pytest.raises(RecordError, match="expected one `ray job submit`"):
         record_launch(root, "scripts/run_tiny.py", ["other"], commit="abc1234")
-    with pytest.raises(RecordError, match="No such option"):
-        record_launch(root, "scripts/run_tiny.py", ["train", "--bogus"], commit="abc1234")
+    # The exception the script's (rich, boxed) traceback ends with, in one line: it was the
+    # box's last eight lines folded into one.
+    for args, error in (
+        (["--bogus"], "NoSuchOption: No such option: --bogus"),
+        (["--nodes", "x"], "BadParameter: Input should be a valid integer, unable to parse string"),
+    ):
+        with pytest.raises(RecordError) as raised:
+            record_launch(root, "scripts/run_tiny.py", ["train", *args], commit="abc1234")
+        message = str(raised.value)
+        assert message.startswith(f"scripts/run_tiny.py train {' '.join(args)} failed while ")
+        assert f"building its launch: {error}" in message and "\n" not in message, message
+        assert not set("│╭╰") & set(message), message
     # A checkout without miles' exec_command helper is one line, not the driver's traceback.
     (root / "miles" / "utils" / "external_utils" / "command_utils.py").write_text("")
     with pytest.raises(RecordError) as raised:

@@ -230,11 +230,23 @@ def _run_driver(checkout: Path, script: str, args: list[str], python: str) -> di
             reason = (proc.stderr.strip().splitlines() or ["no reason given"])[-1]
             raise RecordError(f"{script}: {reason}")
         if proc.returncode != 0 or not out.is_file():
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
             raise RecordError(
-                f"{script} {shlex.join(args)} failed while building its launch:\n{tail}"
+                f"{script} {shlex.join(args)} failed while building its launch: "
+                + script_error(proc.stderr or proc.stdout)
             )
         return json.loads(out.read_text())
+
+
+def script_error(output: str) -> str:
+    """A failed script's error in one line: the exception its traceback ends with (Python's
+    own, or the box rich draws for typer), lines rich wrapped joined again."""
+    lines = output.strip().splitlines()
+    tail: list[str] = []
+    for line in reversed(lines):  # frames are indented or boxed; the exception is not
+        if not line.strip() or line[0].isspace() or line[0] in "│╭╰":
+            break
+        tail.insert(0, line.strip())
+    return " ".join(tail or lines[-1:]) or "no reason given"
 
 
 def _launch(
