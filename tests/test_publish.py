@@ -147,26 +147,38 @@ def test_stage_plots_are_found_beside_a_moved_results_folder(tmp_path: Path) -> 
     assert plot.read_bytes() == b"\x89PNG\r\n\x1a\nmoved plot"
 
 
-def test_a_night_on_another_card_is_shown_and_named_as_what_changed(tmp_path: Path) -> None:
-    # A week on the recipe's MI355X, then the bench lands on other cards and runs slower.
+def _night_on(tmp_path: Path, gpu: str) -> tuple[object, pd.Series]:
+    """A week on the recipe's MI355X, then a slower night whose bench ran on `gpu`."""
     for n, cycle in enumerate([474.0, 478.0, 471.0, 476.0, 473.0, 477.0, 475.0]):
         _, outcome = _publish_night(tmp_path, n, cycle=cycle)
         assert outcome.ok
     results = tmp_path / "night7"
     folder = write_run(results, AMD_RECIPE, night(7), cycle=600.0) / AMD_RECIPE.stem
     bench = json.loads((folder / "bench.json").read_text())
-    bench["provenance"]["gpu"] = "AMD Instinct MI300X"
+    bench["provenance"]["gpu"] = gpu
     (folder / "bench.json").write_text(json.dumps(bench))
     outcome = publish(
         [results], PublishOutputs.under(results, tmp_path / "history"), RegressionSettings(), False
     )
     (verdict,) = outcome.verdicts.values()
     assert verdict.status == "regressed"
+    return verdict, pd.read_csv(results / "tables/benchmarks.csv", dtype=str).iloc[0]
+
+
+def test_a_night_on_another_card_is_shown_and_named_as_what_changed(tmp_path: Path) -> None:
+    verdict, row = _night_on(tmp_path, "AMD Instinct MI300X")
     assert ("provenance", "gpu", "MI355X", "AMD Instinct MI300X") in [
         (c.kind, c.key, c.before, c.after) for c in verdict.changes
     ]
-    row = pd.read_csv(results / "tables/benchmarks.csv", dtype=str).iloc[0]
     assert row["GPUs"] == "MI355X x 32; ran on AMD Instinct MI300X"
+
+
+def test_the_same_card_named_as_ray_names_it_is_no_change(tmp_path: Path) -> None:
+    """A run on an external Ray cluster records Ray's accelerator type; a run on a head recipeval
+    started records the driver's name. Moving between the two was named as a card change."""
+    verdict, row = _night_on(tmp_path, "AMD-Instinct-MI355X-OAM")
+    assert not [c for c in verdict.changes if c.key == "gpu"], verdict.changes
+    assert row["GPUs"] == "MI355X x 32"
 
 
 def test_tables_show_gate_failure_and_reason(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from recipeval.analysis.regression import MetricVerdict, RegressionSettings, judge_many
 from recipeval.publish.records import PROVENANCE_FIELDS, RunRecord
+from recipeval.recipe.facts import same_gpu
 
 # Metrics worth a verdict: the bench's steady-state estimates (those with an interval) and
 # these headline numbers. Judging every number in every summary would multiply the nightly
@@ -90,8 +91,12 @@ def what_changed(before: RunRecord, after: RunRecord) -> list[Change]:
         ),
     ):
         for key in sorted(set(old) | set(new)):
-            if old.get(key) != new.get(key):
-                changes.append(Change(kind, key, old.get(key), new.get(key)))
+            was, now = old.get(key), new.get(key)
+            if was == now or (
+                kind == "provenance" and key == "gpu" and was and now and same_gpu(was, now)
+            ):
+                continue
+            changes.append(Change(kind, key, was, now))
     if before.recipe_sha256 != after.recipe_sha256 and not any(c.kind == "recipe" for c in changes):
         changes.append(
             Change("recipe", "sha256", before.recipe_sha256[:12], after.recipe_sha256[:12])

@@ -23,14 +23,22 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _letters_and_digits(name: str) -> str:
+    return "".join(ch for ch in name.upper() if ch.isalnum())
+
+
 def gpu_model_matches(model: str, device_names: Iterable[str]) -> bool:
     """Whether every device is of the recipe's GPU model ("MI355X" is "AMD Instinct MI355X",
     "H100" is "NVIDIA H100 80GB HBM3"): letters and digits compared, case ignored."""
+    return all(_letters_and_digits(model) in _letters_and_digits(name) for name in device_names)
 
-    def norm(name: str) -> str:
-        return "".join(ch for ch in name.upper() if ch.isalnum())
 
-    return all(norm(model) in norm(name) for name in device_names)
+def same_gpu(before: str, after: str) -> bool:
+    """Whether two runs' recorded cards are one model named two ways: Ray's accelerator type
+    on a cluster it detected ("H100", "AMD-Instinct-MI355X-OAM") and the driver's name on a
+    head recipeval started ("NVIDIA H100 80GB HBM3", "AMD Instinct MI355X")."""
+    short, long = sorted((_letters_and_digits(before), _letters_and_digits(after)), key=len)
+    return bool(short) and short in long
 
 
 def recipe_facts(resolved: Resolved) -> dict[str, Any]:
