@@ -70,6 +70,22 @@ def test_a_verdict_that_cannot_be_read_is_an_error_not_a_regression(
     assert "Traceback" not in proc.stderr
 
 
+def test_the_default_verdict_path_works(tmp_path: Path) -> None:
+    """`recipeval nightly` without --verdict (the README's command) died with a traceback:
+    typer handed the default, a Path, to a parser that expected a string."""
+    (tmp_path / "Snakefile").write_text(
+        "rule all:\n    run:\n        open('results/regression.json', 'w').write("
+        '\'{"recipes": [{"recipe": "r", "status": "ok"}]}\')\n'
+    )
+    (tmp_path / "results").mkdir()
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run(
+        [str(BIN / "recipeval"), "nightly", "--cores", "1"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+
+
 @pytest.mark.slow
 def test_nightly_exit_status_follows_the_verdict(tmp_path: Path) -> None:
     (tmp_path / "recipes/local").mkdir(parents=True)

@@ -72,24 +72,28 @@ def output_file_problem(raw: str) -> str | None:
     return _ancestor_problem(path)
 
 
-def out_folder(raw: str) -> Path:
+def out_folder(raw: str | os.PathLike[str]) -> Path:
     """typer parser for a results folder option (--out)."""
+    raw = os.fspath(raw)  # typer hands a Path default to the parser too
     problem = output_path_problem(raw)
     if problem:
         raise typer.BadParameter(f"{raw[:80]!r} {problem}")
     return Path(raw)
 
 
-def out_file(raw: str) -> Path:
-    """typer parser for an option naming one output file (import's recipe, parse-log's table)."""
+def out_file(raw: str | os.PathLike[str]) -> Path:
+    """typer parser for an option naming one output file (import's recipe, parse-log's table,
+    nightly's verdict)."""
+    raw = os.fspath(raw)  # typer hands a Path default to the parser too
     problem = output_file_problem(raw)
     if problem:
         raise typer.BadParameter(f"{raw[:80]!r} {problem}")
     return Path(raw)
 
 
-def out_json_or_folder(raw: str) -> Path:
+def out_json_or_folder(raw: str | os.PathLike[str]) -> Path:
     """typer parser for an option that takes FILE.json or a folder (env-check --out)."""
+    raw = os.fspath(raw)  # typer hands a Path default to the parser too
     problem = output_path_problem(raw, ".json")
     if problem:
         raise typer.BadParameter(f"{raw[:80]!r} {problem}")
