@@ -13,7 +13,49 @@ from snakemake.utils import validate
 from recipeval.names import SAFE_NAME_PATTERN
 from recipeval.recipe import STAGE_GATES, STAGES, InvalidRecipe, load_recipe
 
+# Keys whose values are all numbers. `--config 'publish={alpha: 0.05}'` hands nested values
+# over as strings (Snakemake reads them with YAML's base loader); the schema would refuse '0.05'.
+NUMERIC_GROUPS = ("default_timeout_min", "publish")
+
+
+def _as_number(text):
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text  # the schema names it
+
+
+for _group in NUMERIC_GROUPS:
+    if isinstance(config.get(_group), dict):
+        config[_group] = {
+            key: _as_number(value) if isinstance(value, str) else value
+            for key, value in config[_group].items()
+        }
+
 validate(config, workflow.source_path("../config/config.schema.yaml"))
+
+
+def _not_finite(node, where):
+    """The first config key holding nan (every schema bound lets it through) or inf."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return where
+    items = (
+        node.items()
+        if isinstance(node, dict)
+        else enumerate(node) if isinstance(node, list) else ()
+    )
+    for key, value in items:
+        found = _not_finite(value, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
+
+
+if _bad := _not_finite(config, ""):
+    raise WorkflowError(f"config {_bad}: not a finite number; give a number")
 
 RESULTS = config["results"]
 # When this snakemake run began: the closing summary marks what an interrupted run left older.

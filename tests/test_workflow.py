@@ -149,6 +149,31 @@ def test_a_stage_without_a_recipe_timeout_gets_the_configured_default(tmp_path: 
     assert re.search(r"\bruntime=43\b", proc.stdout), proc.stdout  # 30 min x 1.1 + 10
 
 
+def test_config_numbers_from_the_command_line_and_impossible_ones(tmp_path: Path) -> None:
+    """Nested --config values reach the workflow as strings ('30' was refused as "not of type
+    'number'"); nan passed every bound and inf every bound but none, and both ended in a
+    traceback while the jobs were planned."""
+    work = _workdir(tmp_path)
+    _copy_recipe(
+        TINY, work / "recipes/local/no-limit.yaml", "no-limit", **{"    timeout: 20m\n": ""}
+    )
+    proc = snakemake(work, "-n", "-p", "--config", "default_timeout_min={bench: 30}")
+    assert proc.returncode == 0, proc.stderr
+    (bench,) = [line for line in proc.stdout.splitlines() if "recipeval bench " in line]
+    assert "--timeout 1800" in bench
+    for config, reason in (
+        ("runtime_factor=nan", "config runtime_factor: not a finite number; give a number"),
+        ("default_timeout_min={bench: nan}", "config default_timeout_min.bench: not a finite"),
+        ("runtime_margin_min=inf", "inf is greater than the maximum of 43200"),
+        ("default_timeout_min={smoke: 50000}", "50000 is greater than the maximum of 43200"),
+        ("runtime_factor=50", "50 is greater than the maximum of 10"),
+    ):
+        proc = snakemake(work, "-n", "--config", config)
+        text = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and reason in text, (config, text[-2000:])
+        assert "InputFunctionException" not in text and "Traceback" not in text, config
+
+
 def test_recipes_from_globs_files_and_excludes(tmp_path: Path) -> None:
     work = _workdir(tmp_path, TINY)
     _copy_recipe(TINY, work / "recipes/local/tiny-b.yaml", "tiny-b")
