@@ -25,6 +25,8 @@ BAD_CASES = {
     "bench-no-metrics.yaml": ("stages.bench.metrics", "at least 1 item"),
     "derived-flag.yaml": ("args.tensor-model-parallel-size", "parallel.tp"),
     "bad-arg-value.yaml": ("args.eps-clip", "expected a string, number"),
+    # The value would reach the trainer as a flag of its own ("-1" stays a value).
+    "flag-as-value.yaml": ("args.lr", "starts with '-': the trainer would read it as a flag"),
 }
 
 

@@ -113,11 +113,29 @@ def _no_nul(value: str) -> str:
     return value
 
 
+def _looks_like_a_flag(word: str) -> bool:
+    """Whether argparse would read `word` as an option rather than a value: a leading '-' not
+    on a number ("-1e-5" is a value, "--num-rollout" and "-x" are not; "-" alone is a value)."""
+    if not word.startswith("-") or word == "-":
+        return False
+    try:
+        float(word)
+    except ValueError:
+        return True
+    return False
+
+
 def _arg_value(value: Any) -> Any:
-    """Each word of a flag value: no NUL, and an integer within 64 bits."""
+    """Each word of a flag value: no NUL, nothing the trainer would read as a flag of its own,
+    and an integer within 64 bits."""
     for word in value if isinstance(value, list) else [value]:
         if isinstance(word, str):
             _refuse_nul(word, "flag values")
+            if _looks_like_a_flag(word):
+                raise ValueError(
+                    "starts with '-': the trainer would read it as a flag of its own, not as "
+                    "this flag's value; write that flag as a key of its own"
+                )
         elif isinstance(word, int) and not MIN_ARG_INT <= word <= MAX_ARG_INT:
             raise ValueError("integer flag values must fit in 64 bits (-2^63 to 2^63-1)")
     return value
