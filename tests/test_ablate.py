@@ -87,6 +87,15 @@ def test_grouping_on_request_and_bad_pairs(judge):
         plan(load_recipe(TINY), load_recipe(AFTER), judge)
 
 
+def test_a_group_that_names_no_key_is_shown_as_typed(cli):
+    """`--group ,,,` was reported as `--group : no changed key matches`."""
+    proc = cli("ablate", str(BEFORE), str(AFTER), "--group", ",,,")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (
+        "recipeval: --group ',,,': names no key; give KEY,KEY (keys or key prefixes)\n"
+    )
+
+
 def test_a_sweep_without_after_keeps_its_hash():
     """`sweep.after` came later: unset, it stays out of the identity (layout variants emitted
     before it keep their hash)."""

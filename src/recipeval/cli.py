@@ -826,6 +826,9 @@ def ablate(
 
     loaded_before, loaded_after = load_or_exit(before), load_or_exit(after)
     together = [[k.strip() for k in g.split(",") if k.strip()] for g in group or []]
+    for raw, keys in zip(group or [], together, strict=True):
+        if not keys:
+            _die(f"--group {raw[:80]!r}: names no key; give KEY,KEY (keys or key prefixes)")
     try:
         ablation = plan(loaded_before, loaded_after, static_judge(), together)
         print("\n".join(plan_lines(ablation)))
