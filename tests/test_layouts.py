@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from recipeval.engines import engine_for, render
+from recipeval.explore import layouts as layouts_module
 from recipeval.explore.cost import Cost, calibrate
 from recipeval.explore.layouts import (
     Layout,
@@ -37,6 +38,19 @@ def amd_32():
 
 def _rank(found, layout: Layout) -> int:
     return next(i for i, r in enumerate(found.kept) if r.layout == layout)
+
+
+def test_a_long_exploration_says_how_far_it_is(monkeypatch, amd_32):
+    """On thousands of GPUs the explorer judges 100,000s of layouts for minutes; it was silent."""
+    monkeypatch.setattr(layouts_module, "PROGRESS_EVERY_S", 0.0)
+    heard: list[tuple[int, int, float]] = []
+    loaded, expected = amd_32
+    found = explore(loaded, 32, progress=lambda *args: heard.append(args))
+    assert [r.layout for r in found.kept] == [r.layout for r in expected.kept]
+    assert [done for done, _, _ in heard] == list(range(found.candidates))
+    assert {total for _, total, _ in heard} == {found.candidates}
+    seconds = [s for _, _, s in heard]
+    assert seconds == sorted(seconds) and seconds[-1] <= found.seconds
 
 
 def test_splits_are_even_or_within_one_layer_of_it():

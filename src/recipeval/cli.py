@@ -760,6 +760,11 @@ def layouts(
                 loaded.recipe.world_size if gpus is None else gpus,
                 nodes,
                 measurements(runs, loaded.recipe),
+                lambda done, total, seconds: print(
+                    f"layouts: {done} of {total} layouts judged ({seconds:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                ),
             )
             print("\n".join(table_lines(found, current_layout(loaded.recipe), top)))
             if not found.kept:

@@ -19,7 +19,7 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,9 @@ from recipeval.recipe.yamlfile import key_text
 from recipeval.result import Check
 
 MAX_CP = 8
+# A long exploration (thousands of GPUs: 100,000s of layouts, about 4,500 judged a second on
+# one core) says how far it is this often.
+PROGRESS_EVERY_S = 10.0
 # The metric a layout's prediction is calibrated against: training time per rollout.
 MEASURED_METRIC = "bench.metrics.perf/actor_train_time"
 
@@ -304,9 +307,11 @@ def explore(
     gpus: int,
     nodes: int | None = None,
     measured: list[Measured] | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
 ) -> Exploration:
     """Every valid layout on `gpus` GPUs over `nodes` nodes (default: the recipe's GPUs per
-    node), ranked by predicted training seconds per rollout; raises LayoutError."""
+    node), ranked by predicted training seconds per rollout; raises LayoutError. `progress`
+    hears (layouts judged, layouts in all, seconds so far) every PROGRESS_EVERY_S."""
     start = time.perf_counter()
     recipe = loaded.recipe
     if not 1 <= gpus <= MAX_COUNT:
@@ -335,7 +340,13 @@ def explore(
     rejected: dict[str, Rejection] = {}
     over_memory: list[tuple[float, Layout]] = []  # (GB needed, layout) of memory rejections
     candidates = 0
+    # Counting first costs a second per 400,000 layouts, a tenth of judging them.
+    total = sum(1 for _ in candidate_layouts(recipe, gpus)) if progress else 0
+    reported = time.perf_counter()
     for candidate in candidate_layouts(recipe, gpus):
+        if progress and time.perf_counter() - reported >= PROGRESS_EVERY_S:
+            reported = time.perf_counter()
+            progress(candidates, total, reported - start)
         candidates += 1
         subject = _variant(loaded, base, candidate, cluster)
         checks = layout.arithmetic_checks(subject) + context.rollout_engine_checks(subject)
