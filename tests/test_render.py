@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from recipeval.engines.miles.record import Recording
 
 GOLDEN = GOLDENS / "deepseek-v4-flash-4node-mi355x.json"
 HOSTILE = ["; rm -rf / #", "$(reboot)", "`id`", "a'b\"c", "x\ny", "*", "$HOME"]
+# Shown raw on a terminal, these redraw the line: a CR or an escape sequence could hide words.
+HOSTILE += ["shown\rhidden", "\x1b[2Kcleared", "back\\slash'\t\x01"]
 
 
 def _render(cli, recipe: Path, *extra: str, env: dict[str, str] | None = None) -> dict:
@@ -171,6 +174,9 @@ def test_shell_form_passes_every_word_literally(cli, hostile_recipe, tmp_path):
     launch = _render(cli, hostile_recipe)
     proc = cli("render", str(hostile_recipe), "--format", "shell")
     assert proc.returncode == 0, proc.stderr
+    # Every control character is written as an escape: the script reads as it runs.
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f]", proc.stdout), proc.stdout
+    assert "$'shown\\x0dhidden'" in proc.stdout
     script = tmp_path / "launch.sh"
     script.write_text(proc.stdout)
     bindir = tmp_path / "bin"

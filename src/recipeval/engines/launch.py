@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -56,15 +57,15 @@ class Launch:
             "set -euo pipefail",
         ]
         if self.argv == self.entrypoint:
-            lines += [f"export {shlex.quote(k)}={shlex.quote(v)}" for k, v in self.env.items()]
-        lines += [f"export {shlex.quote(k)}={shlex.quote(v)}" for k, v in self.client_env.items()]
+            lines += [f"export {shell_word(k)}={shell_word(v)}" for k, v in self.env.items()]
+        lines += [f"export {shell_word(k)}={shell_word(v)}" for k, v in self.client_env.items()]
         env_file = self.extra.get(RUNTIME_ENV_FILE)
         if env_file:
             # One line of ASCII JSON can never equal the quoted heredoc's end word.
             lines += [
                 "umask 077",
-                f"mkdir -p -- {shlex.quote(str(Path(env_file).parent))}",
-                f"cat > {shlex.quote(env_file)} <<'{_HEREDOC_END}'",
+                f"mkdir -p -- {shell_word(str(Path(env_file).parent))}",
+                f"cat > {shell_word(env_file)} <<'{_HEREDOC_END}'",
                 runtime_env_json(self.runtime_env),
                 _HEREDOC_END,
             ]
@@ -101,6 +102,20 @@ def write_runtime_env(launch: Launch) -> Path | None:
     return path
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def shell_word(word: str) -> str:
+    """`word` quoted for bash. One with a control character (a newline, a carriage return, an
+    escape sequence) is written in ANSI-C quotes with the character as \\xHH, so the script
+    shows on a terminal as it runs: raw, a CR or an escape sequence could hide or redraw part
+    of the command."""
+    if not _CONTROL.search(word):
+        return shlex.quote(word)
+    escaped = word.replace("\\", "\\\\").replace("'", "\\'")
+    return "$'" + _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", escaped) + "'"
+
+
 def shell_lines(argv: list[str]) -> list[str]:
     """Quoted words grouped one flag (with its values) per line, like a hand-written launch."""
     groups: list[list[str]] = [[]]
@@ -109,7 +124,7 @@ def shell_lines(argv: list[str]) -> list[str]:
         starts_flag = word.startswith("-") and not after_separator
         if starts_flag and groups[-1]:
             groups.append([])
-        groups[-1].append(shlex.quote(word))
+        groups[-1].append(shell_word(word))
         after_separator = word == "--"
     return [" ".join(g) for g in groups]
 
