@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -115,6 +116,25 @@ def test_empty_log_gives_empty_table_with_fixed_columns():
     steps = parse_lines(["no metrics here", ""]).steps
     assert list(steps.columns) == ["rollout_id", "timestamp", "cycle_time"]
     assert steps.empty
+
+
+def test_a_log_without_one_metric_line_is_written_and_said(tmp_path):
+    """Random bytes or a run that died before its first rollout: an empty table, and a line
+    saying so (it was reported like any log: "0 rollouts, ...")."""
+    log = tmp_path / "garbage.log"
+    log.write_bytes(bytes(range(256)) * 40 + b"\nno metrics here\n")
+    out = tmp_path / "steps.csv"
+    proc = subprocess.run(
+        [RECIPEVAL, "parse-log", str(log), "--out", str(out)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "0 rollouts" in proc.stdout, proc.stderr
+    assert re.fullmatch(
+        rf"recipeval: warning: {re.escape(str(log))}: not one miles metric line \(rollout, step, "
+        r"perf\) in \d+ lines: a run that died before its first rollout, or not a training log\n",
+        proc.stderr,
+    ), proc.stderr
+    assert pd.read_csv(out).empty
 
 
 def test_parse_log_cli_writes_csv_and_parquet_and_reports_malformed(tmp_path):

@@ -399,6 +399,11 @@ def parse_log(
     )
     for bad in parsed.malformed[:5]:
         print(f"  skipped {log}:{bad.line_number}: {bad.text[:120]}", file=sys.stderr)
+    if parsed.steps.empty and not parsed.malformed:
+        say_error(
+            f"warning: {log}: not one {engine} metric line (rollout, step, perf) in {parsed.lines} "
+            "lines: a run that died before its first rollout, or not a training log"
+        )
 
 
 @app.command("ray-down")
