@@ -40,13 +40,12 @@ def _rank(found, layout: Layout) -> int:
     return next(i for i, r in enumerate(found.kept) if r.layout == layout)
 
 
-def test_a_long_exploration_says_how_far_it_is(monkeypatch, amd_32):
+def test_a_long_exploration_says_how_far_it_is(monkeypatch):
     """On thousands of GPUs the explorer judges 100,000s of layouts for minutes; it was silent."""
     monkeypatch.setattr(layouts_module, "PROGRESS_EVERY_S", 0.0)
     heard: list[tuple[int, int, float]] = []
-    loaded, expected = amd_32
-    found = explore(loaded, 32, progress=lambda *args: heard.append(args))
-    assert [r.layout for r in found.kept] == [r.layout for r in expected.kept]
+    found = explore(load_recipe(AMD), 8, progress=lambda *args: heard.append(args))
+    assert found.candidates > 10
     assert [done for done, _, _ in heard] == list(range(found.candidates))
     assert {total for _, total, _ in heard} == {found.candidates}
     seconds = [s for _, _, s in heard]
