@@ -856,13 +856,13 @@ _CLICK_ERRORS = sys.modules[typer.BadParameter.__module__]
 def _usage_line(err: Exception) -> str:
     """A command-line mistake in one line, naming the command and where its help is (click's
     own form is a usage line, a hint and a boxed message: three to six lines in a log)."""
-    ctx = getattr(err, "ctx", None)
-    names = []  # the subcommands, without the program ("recipeval" or "python -m recipeval")
+    failed = getattr(err, "ctx", None)  # the context of the command that refused the input
+    help_of = failed.command_path if failed is not None else "recipeval"
+    names = []  # its subcommands, without the program ("recipeval" or "python -m recipeval")
+    ctx = failed
     while ctx is not None and ctx.parent is not None:
         names.insert(0, ctx.info_name)
         ctx = ctx.parent
-    command = getattr(err, "ctx", None)
-    help_of = command.command_path if command is not None else "recipeval"
     message = " ".join(err.format_message().split()).rstrip(".")
     return f"{' '.join(names) + ': ' if names else ''}{message}; see '{help_of} --help'"
 
