@@ -26,7 +26,7 @@ BAD_CASES = {
     "derived-flag.yaml": ("args.tensor-model-parallel-size", "parallel.tp"),
     "bad-arg-value.yaml": ("args.eps-clip", "expected a string, number"),
     # The value would reach the trainer as a flag of its own ("-1" stays a value).
-    "flag-as-value.yaml": ("args.lr", "starts with '-': the trainer would read it as a flag"),
+    "flag-as-value.yaml": ("args.lr", "it starts with '-': the trainer would read it as a flag"),
 }
 
 

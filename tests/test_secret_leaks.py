@@ -61,7 +61,7 @@ def test_render_redact_hides_every_word_of_a_secret_flag(tmp_path):
     recipe = tmp_path / "words.yaml"
     recipe.write_text(
         f"extends: {TINY_RECIPE}\nname: words\n"
-        f"args:\n  hf-token: [{', '.join(LIST_KEYS)}]\n  wandb-key: '{DASH_KEY}'\n"
+        f"args:\n  hf-token: [{', '.join(LIST_KEYS)}]\n  wandb-key: '{FLAG_KEY}'\n"
         "  db-password: 98765432\n"
     )
     for fmt in ("shell", "json"):
@@ -166,11 +166,28 @@ def test_drift_shows_fingerprints_not_secrets(tmp_path):
     assert f"flag --wandb-key: only in ours ('{fingerprint(FLAG_KEY)}')" in shown["shell"]
     assert f"env WANDB_API_KEY: only in ours ('{fingerprint(ENV_KEY)}')" in shown["shell"]
     assert fingerprint(FLAG_KEY) in shown["json"]
-    dashed = tmp_path / "dashed.yaml"
-    dashed.write_text(f"extends: carrier.yaml\nname: dashed\nargs: {{wandb-key: '{DASH_KEY}'}}\n")
-    proc = run_cli("drift", str(dashed), "--against", str(GOLDEN))
-    assert f"flag --wandb-key: only in ours ('{fingerprint(DASH_KEY)}')" in proc.stdout
-    assert not _leaks(proc.stdout, proc.stderr)
+
+
+def test_a_refused_secret_value_is_named_by_its_fingerprint(tmp_path):
+    """A recipe error quotes the value it refuses, except a secret's: a key that looks like a
+    flag (refused, the trainer would read it as one) or a token under a harmless name."""
+    _carrier(tmp_path)
+    token = "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4"
+    cases = {
+        f"args: {{wandb-key: '{DASH_KEY}'}}": ("args.wandb-key:", fingerprint(DASH_KEY)),
+        f"args: {{note: '-{token}'}}": ("args.note:", fingerprint("-" + token)),
+        f"args: {{hf-token: [ok, '{DASH_KEY}']}}": ("args.hf-token:", "word 2 of 2 starts"),
+        f"args: {{hf-token: {{key: {FLAG_KEY}}}}}": ("args.hf-token:", "got dict a secret"),
+        f"args: {{note: [[{token}]]}}": ("args.note:", "got list a secret"),
+    }
+    for body, (key, named) in cases.items():
+        recipe = tmp_path / "dashed.yaml"
+        recipe.write_text(f"extends: carrier.yaml\nname: dashed\n{body}\n")
+        for command in (["drift", str(recipe), "--against", str(GOLDEN)], ["render", str(recipe)]):
+            proc = run_cli(*command)
+            assert proc.returncode == 2, proc.stderr
+            assert key in proc.stderr and named in proc.stderr, proc.stderr
+            assert token not in proc.stderr and not _leaks(proc.stderr, proc.stdout)
 
 
 SCRIPT = """

@@ -16,6 +16,7 @@ from recipeval.errors import RecipeError
 from recipeval.recipe.exec_env import refused_exec_env
 from recipeval.recipe.schema import STAGES, Recipe
 from recipeval.recipe.yamlfile import KeyPath, Origin, key_text, read_yaml_mapping
+from recipeval.secrets import fingerprint, has_secret_shape, is_secret_name
 
 # Flags that `render` derives from structured keys; setting them in `args` would let the two
 # disagree, so the loader points at the structured key instead.
@@ -211,9 +212,18 @@ def _describe(err: dict[str, Any], model_fields: list[str] | None) -> str:
     msg = msg.removeprefix("Value error, ")
     value = err.get("input")
     if kind not in ("missing",) and not isinstance(value, dict | list):
-        shown = repr(value)
-        msg += f" (got {shown if len(shown) <= 80 else shown[:60] + f'... ({len(shown)} chars)'})"
+        msg += f" (got {_shown(tuple(err['loc']), value)})"
     return msg
+
+
+def _shown(loc: tuple[Any, ...], value: Any) -> str:
+    """A refused value as an error quotes it: cut short, and a secret (under a secret's name
+    such as env.HF_TOKEN or args.wandb-key, or shaped like a token) only by its fingerprint."""
+    named = any(isinstance(part, str) and is_secret_name(part) for part in loc)
+    if named or has_secret_shape(repr(value)):
+        return f"a secret, shown as its fingerprint {fingerprint(value)}"
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:60] + f"... ({len(shown)} chars)"
 
 
 def _fields_at(loc: tuple[Any, ...]) -> list[str] | None:
@@ -321,7 +331,7 @@ def validation_messages(exc: ValidationError) -> list[tuple[tuple[Any, ...], str
                 loc,
                 (
                     "expected a string, number, true/false, a list of scalars, or null"
-                    f" (got {type(value).__name__} {value!r})"
+                    f" (got {type(value).__name__} {_shown(loc, value)})"
                 ),
             )
         )

@@ -128,13 +128,15 @@ def _looks_like_a_flag(word: str) -> bool:
 def _arg_value(value: Any) -> Any:
     """Each word of a flag value: no NUL, nothing the trainer would read as a flag of its own,
     and an integer within 64 bits."""
-    for word in value if isinstance(value, list) else [value]:
+    words = value if isinstance(value, list) else [value]
+    for number, word in enumerate(words, 1):
         if isinstance(word, str):
             _refuse_nul(word, "flag values")
             if _looks_like_a_flag(word):
+                which = f"word {number} of {len(words)}" if isinstance(value, list) else "it"
                 raise ValueError(
-                    "starts with '-': the trainer would read it as a flag of its own, not as "
-                    "this flag's value; write that flag as a key of its own"
+                    f"{which} starts with '-': the trainer would read it as a flag of its own, "
+                    "not as this flag's value; write that flag as a key of its own"
                 )
         elif isinstance(word, int) and not MIN_ARG_INT <= word <= MAX_ARG_INT:
             raise ValueError("integer flag values must fit in 64 bits (-2^63 to 2^63-1)")
