@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import PR_RECIPE, RECIPES, REPO
+from conftest import PR_RECIPE, RECIPES, REPO, clean_env
 
 BAD = REPO / "tests" / "recipes" / "bad"
 
@@ -345,3 +345,14 @@ def test_a_bare_command_shows_its_help(cli):
     proc = cli()
     assert proc.returncode == 2 and "Usage: python -m recipeval [OPTIONS] COMMAND" in proc.stdout
     assert cli("--help").returncode == 0
+
+
+@pytest.mark.parametrize("group", [[], ["import"]])
+def test_each_command_summary_in_the_help_is_one_paragraph(cli, group):
+    """A docstring wrapped over lines was listed in --help with its line breaks kept: rows
+    that begin with blanks under the command names. Wide enough, every row names a command."""
+    proc = cli(*group, "--help", env=clean_env(COLUMNS="600"))
+    assert proc.returncode == 0, proc.stderr
+    panel = proc.stdout.split("─ Commands ")[1]
+    rows = [line for line in panel.splitlines()[1:] if line.startswith("│ ")]
+    assert rows and all(not row.startswith("│  ") for row in rows), panel

@@ -6,6 +6,7 @@ Heavy packages (torch, megatron, sglang, ray) are imported inside the commands t
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from dataclasses import dataclass
@@ -865,6 +866,19 @@ def _usage_line(err: Exception) -> str:
         ctx = ctx.parent
     message = " ".join(err.format_message().split()).rstrip(".")
     return f"{' '.join(names) + ': ' if names else ''}{message}; see '{help_of} --help'"
+
+
+def _one_line_summaries(group: typer.Typer) -> None:
+    """Each command's summary in its group's --help as one paragraph: in rich mode typer keeps
+    a docstring's line breaks there, so a wrapped docstring printed as ragged lines."""
+    for command in group.registered_commands:
+        doc = command.help or (command.callback.__doc__ if command.callback else None)
+        if command.short_help is None and doc:
+            command.short_help = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+
+
+_one_line_summaries(app)
+_one_line_summaries(import_app)
 
 
 def main() -> None:
