@@ -46,6 +46,20 @@ def test_nightly_without_a_fresh_verdict_is_an_error(tmp_path: Path) -> None:
     assert "no fresh verdict" in proc.stderr
 
 
+@pytest.mark.parametrize("extra", [["--no-such-option"], ["--rerun-triggers", "nosuch"]])
+def test_arguments_snakemake_refuses_are_bad_input_not_a_missing_verdict(
+    tmp_path: Path, extra: list[str]
+) -> None:
+    """Snakemake's usage error (exit 2) was reported as exit 3, "no fresh verdict"."""
+    proc = nightly(tmp_path, *extra, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.rstrip().endswith(
+        "recipeval nightly: snakemake refused its command line (exit 2, the reason is above); "
+        "nothing ran"
+    ), proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
 def test_a_verdict_path_publish_cannot_write_is_refused_before_anything_runs(
     tmp_path: Path,
 ) -> None:

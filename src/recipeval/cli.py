@@ -573,7 +573,8 @@ def nightly(
     ] = Path("results/regression.json"),
 ) -> None:
     """Rerun every stage of every selected recipe (snakemake --forceall; further arguments go
-    to snakemake), publish, and exit 1 when a recipe failed or regressed (3: no verdict).
+    to snakemake), publish, and exit 1 when a recipe failed or regressed (3: no verdict; 2:
+    snakemake refused its arguments).
     SIGTERM, SIGHUP or SIGINT cancels the jobs (passed to snakemake as SIGINT) and exits
     128 + the signal (143 for SIGTERM)."""
     from recipeval.publish.nightly import nightly as run_nightly

@@ -20,11 +20,14 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from recipeval.exit_codes import EXIT_ERROR, EXIT_FAIL, EXIT_OK, FAILING_VERDICTS
+from recipeval.exit_codes import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_FAIL, EXIT_OK, FAILING_VERDICTS
 from recipeval.runners.base import start_watchdog
 
 # How long snakemake has to cancel its jobs once the nightly died, before it is killed.
 CANCEL_GRACE_S = 60.0
+# argparse's exit status for an option snakemake does not take or a value not among its choices;
+# snakemake itself exits 1 on every other failure (a bad --cores value included).
+SNAKEMAKE_USAGE_ERROR = 2
 
 
 def snakemake_argv(profiles: list[str], cores: str | None, extra: list[str]) -> list[str]:
@@ -128,6 +131,13 @@ def nightly(profiles: list[str], cores: str | None, verdict_path: Path, extra: l
     except VerdictError as err:
         print(f"recipeval nightly: unusable verdict at {err}", file=sys.stderr)
         return EXIT_ERROR
+    if verdict is None and returncode == SNAKEMAKE_USAGE_ERROR:
+        print(
+            "recipeval nightly: snakemake refused its command line (exit 2, the reason is "
+            "above); nothing ran",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     if verdict is None:
         print(
             f"recipeval nightly: no fresh verdict at {verdict_path} (snakemake exit {returncode})",
