@@ -327,6 +327,10 @@ def test_a_newline_in_a_file_name_keeps_each_error_on_one_line(cli, tmp_path):
         (["smoke", "--timeout", "5x", "r.yaml"], "recipeval: smoke: Invalid value for '--timeout'"),
         (["import", "miles", "--bogus"], "recipeval: import miles: No such option: --bogus"),
         (["validate"], "recipeval: validate: Missing argument 'recipes'"),
+        (
+            ["render", "--format", "yaml", "r.yaml"],
+            "recipeval: render: Invalid value for '--format': 'yaml' is not one of 'shell', 'json'",
+        ),
     ],
 )
 def test_a_command_line_mistake_is_one_line_naming_the_command_and_its_help(cli, args, start):

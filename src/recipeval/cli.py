@@ -866,6 +866,9 @@ def _usage_line(err: Exception) -> str:
         names.insert(0, ctx.info_name)
         ctx = ctx.parent
     message = " ".join(err.format_message().split()).rstrip(".")
+    # typer coerces through pydantic, whose message for a value a validator refused (a choice
+    # not among an Enum's) starts "Value error, ".
+    message = message.replace(": Value error, ", ": ")
     return f"{' '.join(names) + ': ' if names else ''}{message}; see '{help_of} --help'"
 
 
