@@ -47,11 +47,11 @@ def miles_log(
         a = TRAIN * slow * (1 + noise * rng.standard_normal())
         stamp = lambda dt, t=t: (t + timedelta(seconds=dt)).strftime("%Y-%m-%d %H:%M:%S.000")
         lines.append(
-            f"[{stamp(0)} RolloutManager] rollout.py:1 - perf {i}: "
+            f"[{stamp(0)} rollout_manager] rollout.py:1 - perf {i}: "
             f"{{'perf/rollout_time': {r:.3f}, 'perf/tokens_per_gpu_per_sec': {8192 / r:.3f}}}"
         )
         lines.append(
-            f"[{stamp(r + a)} TrainRayActor] actor.py:1 - perf {i}: "
+            f"[{stamp(r + a)} actor_cell0_rank0] actor.py:1 - perf {i}: "
             f"{{'perf/actor_train_time': {a:.3f}, 'perf/step_time': {a:.3f}}}"
         )
         t += timedelta(seconds=r + a + 10)

@@ -481,3 +481,56 @@ def test_steps_of_a_dynamic_global_batch_go_to_the_rollout_they_were_logged_unde
         check=False,
     )
     assert proc.returncode == 2 and "give the recipe with --recipe" in proc.stderr
+
+
+RAY_DEDUP_NOTE = (
+    " (Ray deduplicates logs by default. Set RAY_DEDUP_LOGS=0 to disable log deduplication, or "
+    "see https://docs.ray.io/en/master/ray-observability/user-guides/configure-logging.html"
+    "#log-deduplication for more options.)"
+)
+
+
+def test_a_ray_folded_line_with_the_sessions_dedup_note_is_read():
+    """Ray appends, to the first line it folds in a session, a note on how to turn folding
+    off; the line was taken as malformed and its rollout dropped."""
+    line = (
+        "\x1b[33m(MegatronTrainRayActor pid=6)\x1b[0m [2026-08-21 10:05:00.000 "
+        "actor_cell0_rank0] log_utils.py:123 - rollout 1: {'rollout/log_probs': -0.4}"
+        f"\x1b[2m [repeated 2x across cluster]{RAY_DEDUP_NOTE}\x1b[0m\n"
+    )
+    parsed = parse_lines([line])
+    assert parsed.malformed_count == 0
+    assert row(parsed.steps, 1)["rollout/log_probs"] == -0.4
+
+
+def test_the_first_rollout_evaluated_before_and_after_training_keeps_both():
+    """miles and slime evaluate the first rollout id before training and again after it when
+    the eval interval falls on it: two `eval 0` lines, and the second overwrote the first."""
+
+    def line(minute: int, name: str, message: str) -> str:
+        return f"[2026-08-21 10:{minute:02d}:00.000 {name}] x.py:1 - {message}\n"
+
+    manager, trainer = "rollout_manager", "actor_cell0_rank0"
+    evals = [
+        "{'eval/gsm8k': 0.31, 'eval/gsm8k-truncated_ratio': 0.0}",
+        "{'eval/gsm8k': 0.40, 'eval/gsm8k-truncated_ratio': 0.0}",
+        "{'eval/gsm8k': 0.45, 'eval/gsm8k-truncated_ratio': 0.1}",
+    ]
+    lines = [line(0, manager, f"eval 0: {evals[0]}")]
+    for rollout in (0, 1):
+        lines += [
+            line(10 * rollout + 1, manager, f"perf {rollout}: {{'perf/rollout_time': 60.0}}"),
+            line(10 * rollout + 2, trainer, f"rollout {rollout}: {{'rollout/log_probs': -0.4}}"),
+            line(10 * rollout + 3, trainer, f"step {rollout}: {{'train/loss': 0.1}}"),
+            line(10 * rollout + 4, trainer, f"perf {rollout}: {{'perf/step_time': 180.0}}"),
+            line(10 * rollout + 5, manager, f"eval {rollout}: {evals[rollout + 1]}"),
+        ]
+    steps = parse_lines(lines).steps
+    r0, r1 = row(steps, 0), row(steps, 1)
+    assert (r0["eval_before_train/gsm8k"], r0["eval/gsm8k"]) == (0.31, 0.40)
+    assert r0["eval_before_train/gsm8k-truncated_ratio"] == 0.0
+    assert r1["eval/gsm8k"] == 0.45 and math.isnan(r1["eval_before_train/gsm8k"])
+    # a verbatim repeat of one evaluation (Ray) is one evaluation
+    repeated = parse_lines([lines[0], *lines[:5]]).steps
+    assert "eval_before_train/gsm8k" not in repeated.columns
+    assert row(repeated, 0)["eval/gsm8k"] == 0.31

@@ -68,11 +68,11 @@ def steps_log(values: list[tuple[float, float, float]]) -> list[str]:
     for i, (train, rollout, diff) in enumerate(values):
         stamp = f"2026-08-05 10:{i:02d}:00.000"
         lines.append(
-            f"[{stamp} TrainRayActor] actor.py:1 - rollout {i}: "
+            f"[{stamp} actor_cell0_rank0] actor.py:1 - rollout {i}: "
             f"{{'rollout/log_probs': {train}, 'rollout/rollout_log_probs': {rollout}}}"
         )
         lines.append(
-            f"[{stamp} TrainRayActor] actor.py:2 - step {i}: "
+            f"[{stamp} actor_cell0_rank0] actor.py:2 - step {i}: "
             f"{{'train/train_rollout_logprob_abs_diff': {diff}, 'train/train_rollout_kl': 0.001}}"
         )
     return lines

@@ -19,8 +19,11 @@ from dataclasses import dataclass
 import pandas as pd
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-# Ray's log deduplication appends this to a line it folded.
-RAY_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+# Ray's log deduplication appends this to a line it folded, and to the first such line of a
+# session a note on how to turn it off (ray/_private/ray_logging: DedupState, _warn_once).
+RAY_REPEATED = re.compile(
+    r"\s*\[repeated \d+x across cluster\](?: \(Ray deduplicates logs by default\..*\))?\s*$"
+)
 RAY_ACTOR_PREFIX = r"\([^()]*\bpid=\d+[^()]*\)\s*"
 LOG_TIMESTAMP = r"\[\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}"
 # Where a new record starts inside a physical line (two processes writing one stream can
@@ -39,7 +42,9 @@ DEFAULT_HEADER = re.compile(
 METRIC_MESSAGE = re.compile(
     r"^(?:(?P<role>[A-Za-z][\w.]*)-)?(?P<kind>[A-Za-z_]\w*) (?P<id>\d+): (?P<body>\{.*)$"
 )
-# A line that carries on a dict printed over several lines (pprint style).
+# A line that carries on a dict printed over several lines (pprint style). miles and slime
+# print each dict on one line; a log that went through a pretty-printer or a wrapping
+# terminal still reads.
 CONTINUATION = re.compile(
     r"""^\s*(?:['"{}\[\]()\d.+-]|(?:np|numpy|tensor|float|int|nan|inf|True|False|None)\b)"""
 )

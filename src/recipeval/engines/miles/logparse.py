@@ -21,8 +21,13 @@ What the trainers write (facts from their sources; loglines.py reads one record)
   ids skip and repeat across rollouts. Then a step is filed under the rollout it was logged
   under, and two lines are one step only when they share the id and that rollout; the
   per-step table numbers the steps in log order (`train/step` keeps miles' id).
-- `perf N`, `rollout N`, `eval N`, `multi_turn N`, `passrate N`: one line per rollout id N
-  (perf comes twice: from the rollout manager and from the trainer; their keys differ).
+- `perf N`, `rollout N`, `eval N`, `multi_turn N`, `passrate N` (slime; miles logs pass@k in
+  the rollout manager's perf line since 2026-07): one line per rollout id N (perf comes twice:
+  from the rollout manager and from the trainer; their keys differ). `eval N` can come twice
+  for the run's first rollout id: before its training (unless --skip-eval-before-train) and
+  after it when the eval interval falls on it (miles and slime train.py). The first of two
+  such lines that differ is kept as `eval_before_train/<name>` (from `eval/<name>`), so the
+  policy the run started from is not overwritten by the trained one.
 
 How a rollout's row aggregates its lines, per metric kind (ROLLUP below, first match wins):
 
@@ -52,7 +57,12 @@ rollout plus training; else the sum perf/train_wait_time + perf/train_time).
 Nothing vanishes silently: `counts` holds per kind (role tag included) the metric lines
 recognised and dropped; a line of a kind this parser does not know, or whose dict cannot be
 read, is dropped and counted (unreadable ones also listed in `malformed`: a killed run often
-ends in half a line). Dicts printed over several lines are joined first.
+ends in half a line). Dicts printed over several lines are joined first (the trainers print
+one line each; a pretty-printed or wrapped log still reads).
+
+Known limit: with a dynamic global batch size and a critic, rollouts the critic trains alone
+(--num-critic-only-steps) have no line of their own, so their critic steps are filed under the
+next rollout that has one.
 """
 
 from __future__ import annotations
@@ -84,6 +94,9 @@ STEP_KIND = "step"
 ROLLOUT_KINDS = frozenset({"perf", "rollout", "eval", "multi_turn", "passrate"})
 # Logged by the trainer before the actor's optimizer steps of that rollout.
 OPENING_KINDS = frozenset({"rollout", "multi_turn", "passrate"})
+EVAL_KIND = "eval"
+# Where the evaluation before training goes when the first rollout id is evaluated twice.
+EVAL_BEFORE_TRAIN = "eval_before_train/"
 # Keys only the trainer's perf line has (the rollout manager's has perf/rollout_time).
 TRAINER_PERF_KEYS = ("perf/step_time", "perf/train_time", "perf/actor_train_time")
 STEP_TIME = "perf/step_time"
@@ -188,6 +201,8 @@ class MilesLogParser:
         default_factory=dict, init=False, repr=False
     )
     _closes: int = field(default=0, init=False, repr=False)
+    # the first eval line of the first rollout id evaluated (see EVAL_BEFORE_TRAIN)
+    _first_eval: tuple[int, dict[str, float]] | None = field(default=None, init=False, repr=False)
     # the inferred steps per rollout, and the count of changes to _step_rollouts it saw
     _pairs_changed: int = field(default=0, init=False, repr=False)
     _inferred: tuple[int, int] = field(default=(-1, 1), init=False, repr=False)
@@ -343,6 +358,8 @@ class MilesLogParser:
         self, kind: str, rollout_id: int, values: dict[str, float], stamp: pd.Timestamp | None
     ) -> int:
         row = self._rollout_metrics.setdefault(rollout_id, {})
+        if kind == EVAL_KIND:
+            self._keep_eval_before_train(rollout_id, values, row)
         # logged once per rollout id: a repeat (Ray repeats lines) folds into the value so far
         for key, value in values.items():
             row[key] = _fold(rollup(kind, key), [row[key], value]) if key in row else value
@@ -362,6 +379,21 @@ class MilesLogParser:
             if closing:
                 self._closed_at[rollout_id] = stamp
         return rollout_id
+
+    def _keep_eval_before_train(
+        self, rollout_id: int, values: dict[str, float], row: dict[str, float]
+    ) -> None:
+        """A second, different `eval N` for the first rollout id evaluated: the first one was
+        the evaluation before training; it is kept under EVAL_BEFORE_TRAIN."""
+        if self._first_eval is None:
+            before_any_other = not self._rollout_metrics.keys() - {rollout_id}
+            self._first_eval = (rollout_id, values) if before_any_other else (-1, {})
+            return
+        first_id, first = self._first_eval
+        if first_id != rollout_id or first == values:
+            return
+        for key, value in first.items():
+            row.setdefault(EVAL_BEFORE_TRAIN + key.removeprefix("eval/"), value)
 
     def steps_per_rollout_in_use(self) -> int:
         """The recipe's value when given, else the one inferred from the log so far."""
