@@ -253,6 +253,8 @@ def fingerprint_secret(name: str, value: Any) -> Any:
 def _has_secret_shape_in(value: Any) -> bool:
     if isinstance(value, str):
         return has_secret_shape(value)
+    if isinstance(value, dict):
+        return _has_secret_shape_in(list(value.values()))
     if isinstance(value, list):
         return any(_has_secret_shape_in(v) for v in value)
     return False

@@ -16,7 +16,7 @@ from recipeval.errors import RecipeError
 from recipeval.recipe.exec_env import refused_exec_env
 from recipeval.recipe.schema import STAGES, Recipe
 from recipeval.recipe.yamlfile import KeyPath, Origin, key_text, read_yaml_mapping
-from recipeval.secrets import fingerprint, has_secret_shape, is_secret_name
+from recipeval.secrets import fingerprint_secret
 
 # Flags that `render` derives from structured keys; setting them in `args` would let the two
 # disagree, so the loader points at the structured key instead.
@@ -217,11 +217,12 @@ def _describe(err: dict[str, Any], model_fields: list[str] | None) -> str:
 
 
 def _shown(loc: tuple[Any, ...], value: Any) -> str:
-    """A refused value as an error quotes it: cut short, and a secret (under a secret's name
-    such as env.HF_TOKEN or args.wandb-key, or shaped like a token) only by its fingerprint."""
-    named = any(isinstance(part, str) and is_secret_name(part) for part in loc)
-    if named or has_secret_shape(repr(value)):
-        return f"a secret, shown as its fingerprint {fingerprint(value)}"
+    """A refused value as an error quotes it: cut short, and a secret only by its fingerprint,
+    as the history keeps it (fingerprint_secret, by the key it is under)."""
+    key = next((p for p in reversed(loc) if isinstance(p, str) and not _is_union_tag(p)), "")
+    hidden = fingerprint_secret(key, value)
+    if hidden is not value:
+        return f"a secret, shown as its fingerprint {hidden}"
     shown = repr(value)
     return shown if len(shown) <= 80 else shown[:60] + f"... ({len(shown)} chars)"
 
@@ -317,7 +318,7 @@ def validation_messages(exc: ValidationError) -> list[tuple[tuple[Any, ...], str
     for err in exc.errors():
         loc = tuple(err["loc"])
         # pydantic appends the union member's type to the path (args.x.str, args.x.list[...]).
-        while loc and isinstance(loc[-1], str) and (loc[-1] in _UNION_TAGS or "[" in loc[-1]):
+        while loc and isinstance(loc[-1], str) and _is_union_tag(loc[-1]):
             loc = loc[:-1]
         by_loc.setdefault(loc, []).append(err)
     out = []
@@ -339,3 +340,7 @@ def validation_messages(exc: ValidationError) -> list[tuple[tuple[Any, ...], str
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "none"}
+
+
+def _is_union_tag(part: str) -> bool:
+    return part in _UNION_TAGS or "[" in part
