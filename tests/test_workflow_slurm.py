@@ -1,9 +1,11 @@
 """The pipeline through a real Slurm: `snakemake --profile slurm-amd --profile ci-slurm` on the
-single-node test cluster (tests/slurm_cluster.py). End to end over the tiny CPU recipe and a
-recipe that asks for GPUs (sbatch per recipe, its GPU stages grouped in one allocation, gres,
-the slurm runner's Ray head inside the allocation, results and the published table back); a
-stage over its Slurm time limit (an error, then a retry with more time); cancelling Snakemake.
-After each test no Slurm job and no process of it is left.
+single-node test cluster (tests/slurm_cluster.py). End to end over a recipe that asks for GPUs
+(sbatch per recipe, its GPU stages grouped in one allocation, gres, the slurm runner's Ray head
+inside the allocation, results and the published table back); a CPU recipe's stage over its
+Slurm time limit (an error, then a retry with more time; no gres asked); cancelling Snakemake.
+After each test no Slurm job and no process of it is left. The module is a quarter of the
+suite's time, so each case runs one recipe (several recipes in one DAG are
+tests/test_workflow.py's, locally).
 
 What sbatch submitted is read back from slurmctld (`scontrol show job`: partition, nodes, CPUs,
 gres, time limit), not from the plugin's --verbose log, which also dumps each job's whole
@@ -39,7 +41,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.slurm_e2e]
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-TINY_CPU = REPO / "recipes/local/tiny-grpo-cpu.yaml"
 TINY_GPU = REPO / "recipes/ci/tiny-grpo-2gpu.yaml"
 TINY_SLOW = REPO / "recipes/ci/tiny-grpo-slow.yaml"
 # What Snakemake and the Slurm plugin log.
@@ -241,22 +242,11 @@ def test_pipeline_runs_through_slurm_with_gres_and_the_slurm_runner(
     summary: list[str],
     tmp_path: Path,
 ) -> None:
-    # Every stage, the GPU ones of each recipe grouped in one allocation. The tiny CPU recipe's
-    # bench runs 16-token responses here (its 8192-token bench takes minutes a step through
-    # Ray on this machine; the local end-to-end DAG test runs that one), as the 2-GPU recipe's
-    # does. One allocation at a time: two Ray heads starting at once on a loaded 2-core machine
-    # time out in Ray's own start-up ("The current node timed out during startup").
-    tiny_cpu = tmp_path / "recipes" / TINY_CPU.name
-    tiny_cpu.parent.mkdir()
-    text = TINY_CPU.read_text()
-    assert "rollout-max-response-len: 8192" in text
-    tiny_cpu.write_text(
-        text.replace("rollout-max-response-len: 8192", "rollout-max-response-len: 16")
-    )
-    argv = snakemake_argv(tmp_path, [tiny_cpu, TINY_GPU], [], "--jobs", "1")
+    # Every stage, the GPU ones grouped in one allocation.
+    argv = snakemake_argv(tmp_path, [TINY_GPU], [], "--jobs", "1")
     run = run_snakemake(argv, tmp_path, profiles_env, timeout=1800)
     try:
-        jobs = report(run, slurm_cluster, summary, "pipeline (tiny CPU + 2-GPU recipe)")
+        jobs = report(run, slurm_cluster, summary, "pipeline (2-GPU recipe)")
         table = (tmp_path / "results/tables/benchmarks.md").read_text()
         print(table)
         summary.extend(f"  {line}" for line in table.splitlines())
@@ -265,52 +255,48 @@ def test_pipeline_runs_through_slurm_with_gres_and_the_slurm_runner(
         raise
     assert run.returncode == 0, run.log[-5000:] + run.slurm_logs()
 
-    # One allocation per recipe for its GPU stages; env_check and publish stay local.
-    assert len(jobs) == 2, run.submissions
-    gres = f"gres:gpu:{slurm_cluster.gpu_type}:2"
-    by_gres = {job["TresPerNode"]: job for job in jobs.values()}
-    assert sorted(by_gres) == sorted(["none", gres]), by_gres
-    for job in jobs.values():
-        assert job["JobState"] == "COMPLETED"
-        assert job["Comment"] == "rule_gpu_stages_bench_logprob_diff_smoke"
-        assert job["Partition"] == slurm_cluster.partition
-        assert (job["NumNodes"], job["NumCPUs"]) == ("1", "2")
-        # Each stage's timeout * 1.1 + 10 min, summed over the group: smoke and logprob_diff
-        # 10 min -> 21 each, bench 20 min -> 32.
-        assert job["TimeLimit"] == "01:14:00"
+    # One allocation for the recipe's GPU stages; env_check and publish stay local.
+    (job,) = jobs.values()
+    assert job["TresPerNode"] == f"gres:gpu:{slurm_cluster.gpu_type}:2", job
+    assert job["JobState"] == "COMPLETED"
+    assert job["Comment"] == "rule_gpu_stages_bench_logprob_diff_smoke"
+    assert job["Partition"] == slurm_cluster.partition
+    assert (job["NumNodes"], job["NumCPUs"]) == ("1", "2")
+    # Each stage's timeout * 1.1 + 10 min, summed over the group: smoke and logprob_diff
+    # 10 min -> 21 each, bench 20 min -> 32.
+    assert job["TimeLimit"] == "01:14:00"
 
     # Snakemake saw every job finish.
     stages = ["env_check", "smoke", "logprob_diff", "bench"]
-    assert run.finished_rules == sorted(["all", "publish"] + stages * 2)
+    assert run.finished_rules == sorted(["all", "publish", *stages])
     assert re.search(r"(\d+) of \1 steps \(100%\) done", run.log)
 
-    # Each GPU stage ran inside its allocation through the slurm runner (Ray head there).
-    for recipe, gpus in (("tiny-grpo-cpu", 0), ("tiny-grpo-2gpu", 2)):
-        assert stage_result(tmp_path, recipe, "env_check")["status"] == "pass"
-        for stage in stages[1:]:
-            result = stage_result(tmp_path, recipe, stage)
-            assert result["status"] == "pass", (recipe, stage, result["message"])
-            assert result["summary"]["runner"] == "slurm", (recipe, stage, result["summary"])
-        info = stage_result(tmp_path, recipe, "smoke")["summary"]["runner_info"]
-        assert info["nodes"] == [slurm_cluster.node] and info["gpus_per_node"] == gpus
-        # The group's stages ran on one Ray cluster: smoke (first) started it, bench reused it.
-        bench_info = stage_result(tmp_path, recipe, "bench")["summary"]["runner_info"]
-        assert (info["head_reused"], bench_info["head_reused"]) == (False, True), bench_info
-        assert bench_info["ray_temp_dir"] == info["ray_temp_dir"]
-        # 16-token steps last ~0.1 s and wander by more than 10 %: the bench may run to its
-        # max_steps (a warning); what counts here is that it judged a steady state at all.
-        bench = stage_result(tmp_path, recipe, "bench")["summary"]
-        assert bench["stop"] in ("precise", "max_steps") and bench["steps"] >= 5, bench
-        assert {"perf/rollout_time", "cycle_time"} <= set(bench["metrics"]), bench["metrics"]
-        pair = stage_result(tmp_path, recipe, "logprob_diff")["summary"]["pairwise"][0]
-        assert pair["identical_tokens"]["method"] == "re-scored"
-    # The GPU recipe's env_check is static here: the submit host has none of its GPUs.
-    probe = stage_result(tmp_path, "tiny-grpo-2gpu", "env_check")
+    # Each GPU stage ran inside the allocation through the slurm runner (Ray head there).
+    recipe = "tiny-grpo-2gpu"
+    assert stage_result(tmp_path, recipe, "env_check")["status"] == "pass"
+    for stage in stages[1:]:
+        result = stage_result(tmp_path, recipe, stage)
+        assert result["status"] == "pass", (stage, result["message"])
+        assert result["summary"]["runner"] == "slurm", (stage, result["summary"])
+    info = stage_result(tmp_path, recipe, "smoke")["summary"]["runner_info"]
+    assert info["nodes"] == [slurm_cluster.node] and info["gpus_per_node"] == 2
+    # The group's stages ran on one Ray cluster: smoke (first) started it, bench reused it.
+    bench_info = stage_result(tmp_path, recipe, "bench")["summary"]["runner_info"]
+    assert (info["head_reused"], bench_info["head_reused"]) == (False, True), bench_info
+    assert bench_info["ray_temp_dir"] == info["ray_temp_dir"]
+    # 16-token steps last ~0.1 s and wander by more than 10 %: the bench may run to its
+    # max_steps (a warning); what counts here is that it judged a steady state at all.
+    bench = stage_result(tmp_path, recipe, "bench")["summary"]
+    assert bench["stop"] in ("precise", "max_steps") and bench["steps"] >= 5, bench
+    assert {"perf/rollout_time", "cycle_time"} <= set(bench["metrics"]), bench["metrics"]
+    pair = stage_result(tmp_path, recipe, "logprob_diff")["summary"]["pairwise"][0]
+    assert pair["identical_tokens"]["method"] == "re-scored"
+    # The recipe's env_check is static here: the submit host has none of its GPUs.
+    probe = stage_result(tmp_path, recipe, "env_check")
     assert not any(c["id"].startswith("probe.") for c in probe["checks"])
 
-    # The published table came back with both recipes and their stages.
-    table = (tmp_path / "results/tables/benchmarks.md").read_text()
-    assert "tiny-grpo-cpu" in table and "tiny-grpo-2gpu" in table
+    # The published table came back with the recipe's stages.
+    assert recipe in (tmp_path / "results/tables/benchmarks.md").read_text()
     assert (tmp_path / "results/junit.xml").is_file()
     assert_nothing_left(slurm_cluster, run.job_ids, tmp_path)
 
@@ -337,7 +323,11 @@ def test_stage_over_its_time_limit_is_an_error_and_a_retry_with_more_time_comple
     assert run.returncode == 0, run.log[-5000:] + run.slurm_logs()
     first, second = run.job_ids
     assert {job["Comment"] for job in jobs.values()} == {"rule_smoke_wildcards_tiny-grpo-slow"}
+    # A recipe without GPUs asks Slurm for none.
+    assert {job["TresPerNode"] for job in jobs.values()} == {"none"}
     assert (jobs[first]["TimeLimit"], jobs[first]["JobState"]) == ("00:01:00", "TIMEOUT")
+    first_log = tmp_path / ".snakemake/slurm_logs/rule_smoke/tiny-grpo-slow" / f"{first}.log"
+    assert "DUE TO TIME LIMIT" in first_log.read_text(errors="replace")
     assert (jobs[second]["TimeLimit"], jobs[second]["JobState"]) == ("00:05:00", "COMPLETED")
     # Snakemake names the stage and Slurm's verdict, then retries it.
     assert f"SLURM-job '{first}' failed, SLURM status is: 'TIMEOUT'" in run.log
