@@ -12,8 +12,8 @@ if ! .venv/bin/ruff format --check --quiet .; then
   echo "scripts/test.sh: ruff format would change the files above; run 'ruff format'" >&2
   exit 1
 fi
-# RECIPEVAL_SLURM_E2E=0 leaves out the pipeline-through-Slurm module (about a quarter of the
-# suite's time) for a quick local run; CI runs everything.
+# RECIPEVAL_SLURM_E2E=0 leaves out the pipeline-through-Slurm module (the slowest, about a
+# fifth of the suite's time) for a quick local run; CI runs everything.
 marker=()
 if [ "${RECIPEVAL_SLURM_E2E:-1}" = 0 ]; then
   marker=(-m "not slurm_e2e")

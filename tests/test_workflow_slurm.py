@@ -3,9 +3,8 @@ single-node test cluster (tests/slurm_cluster.py). End to end over a recipe that
 (sbatch per recipe, its GPU stages grouped in one allocation, gres, the slurm runner's Ray head
 inside the allocation, results and the published table back); a CPU recipe's stage over its
 Slurm time limit (an error, then a retry with more time; no gres asked); cancelling Snakemake.
-After each test no Slurm job and no process of it is left. The module is a quarter of the
-suite's time, so each case runs one recipe (several recipes in one DAG are
-tests/test_workflow.py's, locally).
+After each test no Slurm job and no process of it is left. The module is the suite's slowest,
+so each case runs one recipe (several recipes in one DAG are tests/test_workflow.py's, locally).
 
 What sbatch submitted is read back from slurmctld (`scontrol show job`: partition, nodes, CPUs,
 gres, time limit), not from the plugin's --verbose log, which also dumps each job's whole
@@ -72,8 +71,9 @@ class Run:
     def finished_rules(self) -> list[str]:
         return sorted(FINISHED.findall(self.log))
 
-    def slurm_logs(self) -> str:
-        logs = sorted((self.workdir / ".snakemake" / "slurm_logs").rglob("*.log"))
+    def slurm_logs(self, job_id: str = "*") -> str:
+        """The end of each Slurm log the plugin kept (of one job, given its id)."""
+        logs = sorted((self.workdir / ".snakemake" / "slurm_logs").rglob(f"{job_id}.log"))
         return "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-3000:]}" for p in logs)
 
 
@@ -243,7 +243,7 @@ def test_pipeline_runs_through_slurm_with_gres_and_the_slurm_runner(
     tmp_path: Path,
 ) -> None:
     # Every stage, the GPU ones grouped in one allocation.
-    argv = snakemake_argv(tmp_path, [TINY_GPU], [], "--jobs", "1")
+    argv = snakemake_argv(tmp_path, [TINY_GPU], [])
     run = run_snakemake(argv, tmp_path, profiles_env, timeout=1800)
     try:
         jobs = report(run, slurm_cluster, summary, "pipeline (2-GPU recipe)")
@@ -273,27 +273,27 @@ def test_pipeline_runs_through_slurm_with_gres_and_the_slurm_runner(
 
     # Each GPU stage ran inside the allocation through the slurm runner (Ray head there).
     recipe = "tiny-grpo-2gpu"
-    assert stage_result(tmp_path, recipe, "env_check")["status"] == "pass"
+    results = {stage: stage_result(tmp_path, recipe, stage) for stage in stages}
+    assert results["env_check"]["status"] == "pass"
     for stage in stages[1:]:
-        result = stage_result(tmp_path, recipe, stage)
+        result = results[stage]
         assert result["status"] == "pass", (stage, result["message"])
         assert result["summary"]["runner"] == "slurm", (stage, result["summary"])
-    info = stage_result(tmp_path, recipe, "smoke")["summary"]["runner_info"]
+    info = results["smoke"]["summary"]["runner_info"]
     assert info["nodes"] == [slurm_cluster.node] and info["gpus_per_node"] == 2
     # The group's stages ran on one Ray cluster: smoke (first) started it, bench reused it.
-    bench_info = stage_result(tmp_path, recipe, "bench")["summary"]["runner_info"]
+    bench = results["bench"]["summary"]
+    bench_info = bench["runner_info"]
     assert (info["head_reused"], bench_info["head_reused"]) == (False, True), bench_info
     assert bench_info["ray_temp_dir"] == info["ray_temp_dir"]
     # 16-token steps last ~0.1 s and wander by more than 10 %: the bench may run to its
     # max_steps (a warning); what counts here is that it judged a steady state at all.
-    bench = stage_result(tmp_path, recipe, "bench")["summary"]
     assert bench["stop"] in ("precise", "max_steps") and bench["steps"] >= 5, bench
     assert {"perf/rollout_time", "cycle_time"} <= set(bench["metrics"]), bench["metrics"]
-    pair = stage_result(tmp_path, recipe, "logprob_diff")["summary"]["pairwise"][0]
+    pair = results["logprob_diff"]["summary"]["pairwise"][0]
     assert pair["identical_tokens"]["method"] == "re-scored"
     # The recipe's env_check is static here: the submit host has none of its GPUs.
-    probe = stage_result(tmp_path, recipe, "env_check")
-    assert not any(c["id"].startswith("probe.") for c in probe["checks"])
+    assert not any(c["id"].startswith("probe.") for c in results["env_check"]["checks"])
 
     # The published table came back with the recipe's stages.
     assert recipe in (tmp_path / "results/tables/benchmarks.md").read_text()
@@ -326,8 +326,7 @@ def test_stage_over_its_time_limit_is_an_error_and_a_retry_with_more_time_comple
     # A recipe without GPUs asks Slurm for none.
     assert {job["TresPerNode"] for job in jobs.values()} == {"none"}
     assert (jobs[first]["TimeLimit"], jobs[first]["JobState"]) == ("00:01:00", "TIMEOUT")
-    first_log = tmp_path / ".snakemake/slurm_logs/rule_smoke/tiny-grpo-slow" / f"{first}.log"
-    assert "DUE TO TIME LIMIT" in first_log.read_text(errors="replace")
+    assert "DUE TO TIME LIMIT" in run.slurm_logs(first)
     assert (jobs[second]["TimeLimit"], jobs[second]["JobState"]) == ("00:05:00", "COMPLETED")
     # Snakemake names the stage and Slurm's verdict, then retries it.
     assert f"SLURM-job '{first}' failed, SLURM status is: 'TIMEOUT'" in run.log
