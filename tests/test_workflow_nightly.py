@@ -60,6 +60,19 @@ def test_arguments_snakemake_refuses_are_bad_input_not_a_missing_verdict(
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.parametrize("cores", ["abc", "0", "-1", "2.5"])
+def test_a_core_count_snakemake_cannot_use_is_refused_before_anything_runs(
+    tmp_path: Path, cores: str
+) -> None:
+    """Snakemake reported `--cores abc` as a workflow error, so nightly said exit 3."""
+    proc = nightly(tmp_path, "--cores", cores, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"nightly: Invalid value for '--cores': {cores!r}: give a number of cores" in (
+        proc.stderr
+    )
+    assert not (tmp_path / "results").exists()
+
+
 def test_a_verdict_path_publish_cannot_write_is_refused_before_anything_runs(
     tmp_path: Path,
 ) -> None:

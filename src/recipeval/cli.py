@@ -177,6 +177,14 @@ def duration_seconds(raw: str) -> float:
         ) from None
 
 
+def snakemake_cores(raw: str) -> str:
+    """typer parser for --cores: what snakemake takes (a count, or all), checked before
+    snakemake starts, which reports a bad count as a workflow error, not as a usage error."""
+    if raw == "all" or (raw.isascii() and raw.isdigit() and int(raw) > 0):
+        return raw
+    raise typer.BadParameter(f"{raw[:80]!r}: give a number of cores above 0, or all")
+
+
 TimeoutOpt = Annotated[
     float | None,
     typer.Option(
@@ -567,7 +575,9 @@ def nightly(
         list[str] | None,
         typer.Option(help="Snakemake profile, e.g. slurm-amd (repeatable: later ones override)"),
     ] = None,
-    cores: Annotated[str | None, typer.Option(help="Snakemake --cores")] = None,
+    cores: Annotated[
+        str | None, typer.Option(parser=snakemake_cores, help="Snakemake --cores: N or all")
+    ] = None,
     verdict: Annotated[
         Path, typer.Option(parser=out_file, help="the verdict publish writes")
     ] = Path("results/regression.json"),

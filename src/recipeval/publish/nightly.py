@@ -26,7 +26,8 @@ from recipeval.runners.base import start_watchdog
 # How long snakemake has to cancel its jobs once the nightly died, before it is killed.
 CANCEL_GRACE_S = 60.0
 # argparse's exit status for an option snakemake does not take or a value not among its choices;
-# snakemake itself exits 1 on every other failure (a bad --cores value included).
+# snakemake itself exits 1 on every other failure (a bad --cores value included, which is why
+# the nightly command checks --cores itself).
 SNAKEMAKE_USAGE_ERROR = 2
 
 
