@@ -18,8 +18,13 @@ marker=()
 if [ "${RECIPEVAL_SLURM_E2E:-1}" = 0 ]; then
   marker=(-m "not slurm_e2e")
 fi
+# Two workers (pytest-xdist): much of the suite waits on subprocesses, Ray and Slurm, so one
+# stream keeps about one of CI's two cores busy. tests/conftest.py's scheduler keeps a module on
+# one worker and the Slurm modules together; --no-loadscope-reorder keeps its order (the Slurm
+# modules first). RECIPEVAL_TEST_WORKERS=0 runs everything in this process.
+workers=(-n "${RECIPEVAL_TEST_WORKERS:-2}" --no-loadscope-reorder)
 # --durations: the slowest tests in every CI log, to keep the suite inside its time budget.
-.venv/bin/python -m pytest --durations=25 "${marker[@]}" "$@"
+.venv/bin/python -m pytest "${workers[@]}" --durations=25 "${marker[@]}" "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "scripts/test.sh: pytest collected no tests; that is a broken suite, not a pass" >&2

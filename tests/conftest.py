@@ -14,6 +14,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # .venv-lowest (scripts/test-engine-lowest.sh) runs without pytest-xdist
+    LoadScopeScheduling = None
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 PR_RECIPE = RECIPES / "amd" / "deepseek-v4-flash-4node-mi355x.yaml"
@@ -31,6 +36,10 @@ RENDER_ENV_VARS = (
     "GLOO_SOCKET_IFNAME",
     "NCCL_DEBUG",
 )
+# Fixtures of tests/slurm_cluster.py: each cluster lives in a fixed folder with fixed ports.
+SLURM_FIXTURES = frozenset({"slurm_cluster", "two_node_slurm_cluster"})
+# record_property name for a line the run ends with (pytest_terminal_summary below).
+TERMINAL_SUMMARY = "terminal_summary"
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -80,3 +89,66 @@ def kill_session(leader: subprocess.Popen) -> None:
             if os.getsid(proc.pid) == leader.pid:
                 proc.kill()
     leader.wait()
+
+
+def module_of(item: pytest.Item) -> str:
+    """The test file an item comes from, as its node id names it."""
+    return item.nodeid.split("::")[0]
+
+
+def shares_the_slurm_worker(module: str) -> bool:
+    """Modules named *slurm* run on one pytest-xdist worker: a test cluster is a fixed folder
+    with fixed ports that only one worker may start and stop."""
+    return "slurm" in Path(module).name
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The *slurm* modules first: their work unit, the longest, starts at once instead of
+    holding one worker after the other has finished."""
+    items.sort(key=lambda item: not shares_the_slurm_worker(module_of(item)))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test that uses a Slurm cluster fails before its cluster starts unless it lives in a
+    *slurm* module, where it cannot meet another worker's cluster."""
+    if SLURM_FIXTURES & set(item.fixturenames) and not shares_the_slurm_worker(module_of(item)):
+        pytest.fail(
+            f"{module_of(item)} uses a Slurm cluster fixture: move the test to a module whose "
+            "name contains 'slurm' (those share one pytest-xdist worker)",
+            pytrace=False,
+        )
+
+
+if LoadScopeScheduling is not None:
+
+    class ModuleScheduling(LoadScopeScheduling):
+        """pytest-xdist's loadfile, with every *slurm* module in one work unit. (Its loadgroup
+        cannot do this under pytest 9.2: it renames items through `_nodeid`, which pytest no
+        longer reads.)"""
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return "slurm" if shares_the_slurm_worker(module) else module
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling:
+        """`pytest -n 2` (scripts/test.sh): a module's tests share one worker, so its module
+        fixtures (a Ray head, a warm-start cache) start once."""
+        return ModuleScheduling(config, log)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The lines tests recorded as TERMINAL_SUMMARY. They travel in the test reports (read from
+    each test's teardown report, which holds all of them), so pytest-xdist's workers' reach the
+    terminal too."""
+    lines = [
+        value
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "teardown"
+        for name, value in report.user_properties
+        if name == TERMINAL_SUMMARY
+    ]
+    if lines:
+        terminalreporter.write_sep("-", "summaries the tests recorded")
+        for line in lines:
+            terminalreporter.write_line(str(line))

@@ -9,7 +9,7 @@ so each case runs one recipe (several recipes in one DAG are tests/test_workflow
 What sbatch submitted is read back from slurmctld (`scontrol show job`: partition, nodes, CPUs,
 gres, time limit), not from the plugin's --verbose log, which also dumps each job's whole
 environment. The submissions, job ids, Slurm's clock and the final table are printed (pytest
--rA or -s shows them) and a short summary is written to the terminal at the end of the module.
+-rA or -s shows them) and a short summary is written to the terminal at the end of the run.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import interruptible_session, kill_session
+from conftest import TERMINAL_SUMMARY, interruptible_session, kill_session
 from slurm_cluster import (  # noqa: F401  (slurm_cluster_fixture provides `slurm_cluster`)
     TERMINAL_STATES,
     SlurmCluster,
@@ -77,20 +77,10 @@ class Run:
         return "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-3000:]}" for p in logs)
 
 
-@pytest.fixture(scope="module")
-def summary(request: pytest.FixtureRequest) -> Iterator[list[str]]:
-    """Lines written to the terminal at the end of the module, whatever the capture mode."""
-    lines: list[str] = []
-    yield lines
-    plugins = request.config.pluginmanager
-    reporter, capture = plugins.getplugin("terminalreporter"), plugins.getplugin("capturemanager")
-    if reporter is None or capture is None or not lines:
-        return
-    with capture.global_and_fixture_disabled():
-        reporter.ensure_newline()
-        reporter.write_sep("-", "snakemake --profile slurm-amd through the test Slurm")
-        for line in lines:
-            reporter.write_line(line)
+@pytest.fixture
+def summary(record_property: Callable[[str, object], None]) -> Callable[[str], None]:
+    """Adds a line to the summary printed at the end of the run (conftest.TERMINAL_SUMMARY)."""
+    return lambda line: record_property(TERMINAL_SUMMARY, line)
 
 
 @pytest.fixture(scope="module")
@@ -213,12 +203,14 @@ def assert_nothing_left(cluster: SlurmCluster, job_ids: list[str], workdir: Path
         raise AssertionError(f"processes left: {leftovers()}") from None
 
 
-def report(run: Run, cluster: SlurmCluster, summary: list[str], title: str) -> dict[str, dict]:
+def report(
+    run: Run, cluster: SlurmCluster, summary: Callable[[str], None], title: str
+) -> dict[str, dict]:
     """Print the submissions and what slurmctld recorded of each job; add them to the summary."""
     jobs = {job_id: slurm_job(cluster, job_id) for job_id in run.job_ids}
     print(f"== {title}: snakemake exit {run.returncode} after {run.wall_s:.0f}s")
     print("\n".join(run.submissions))
-    summary.append(
+    summary(
         f"{title}: {len(jobs)} slurm jobs in {run.wall_s:.0f}s (snakemake exit {run.returncode})"
     )
     for job_id, job in jobs.items():
@@ -228,7 +220,7 @@ def report(run: Run, cluster: SlurmCluster, summary: list[str], title: str) -> d
             f"{job['JobState']}, queued {job['queued_s']}s, ran {job['ran_s']}s"
         )
         print(line)
-        summary.append(line)
+        summary(line)
     return jobs
 
 
@@ -239,7 +231,7 @@ def stage_result(workdir: Path, recipe: str, stage: str) -> dict:
 def test_pipeline_runs_through_slurm_with_gres_and_the_slurm_runner(
     slurm_cluster: SlurmCluster,
     profiles_env: dict[str, str],
-    summary: list[str],
+    summary: Callable[[str], None],
     tmp_path: Path,
 ) -> None:
     # Every stage, the GPU ones grouped in one allocation.
@@ -249,7 +241,8 @@ def test_pipeline_runs_through_slurm_with_gres_and_the_slurm_runner(
         jobs = report(run, slurm_cluster, summary, "pipeline (2-GPU recipe)")
         table = (tmp_path / "results/tables/benchmarks.md").read_text()
         print(table)
-        summary.extend(f"  {line}" for line in table.splitlines())
+        for line in table.splitlines():
+            summary(f"  {line}")
     except Exception:
         print(run.log[-5000:], run.slurm_logs())
         raise
@@ -304,7 +297,7 @@ def test_pipeline_runs_through_slurm_with_gres_and_the_slurm_runner(
 def test_stage_over_its_time_limit_is_an_error_and_a_retry_with_more_time_completes(
     slurm_cluster: SlurmCluster,
     profiles_env: dict[str, str],
-    summary: list[str],
+    summary: Callable[[str], None],
     tmp_path: Path,
 ) -> None:
     # Attempt 1 gets 1 minute, less than the stage's own 90 s timeout: Slurm kills it. Attempt 2
@@ -344,7 +337,7 @@ def test_stage_over_its_time_limit_is_an_error_and_a_retry_with_more_time_comple
 def test_sigterm_waits_for_running_jobs_and_sigint_cancels_them(
     slurm_cluster: SlurmCluster,
     profiles_env: dict[str, str],
-    summary: list[str],
+    summary: Callable[[str], None],
     tmp_path: Path,
 ) -> None:
     argv = snakemake_argv(
@@ -369,7 +362,7 @@ def test_sigterm_waits_for_running_jobs_and_sigint_cancels_them(
     log = log_path.read_text(errors="replace")
     print("\n".join(m.group(0) for m in SUBMITTED_LINE.finditer(log)))
     state = slurm_cluster.job_state(job_id)
-    summary.append(
+    summary(
         f"cancel: SIGTERM kept job {job_id} running; SIGINT -> {state}, snakemake "
         f"exit {proc.returncode} after {exit_s:.1f}s"
     )
@@ -382,7 +375,7 @@ def test_sigterm_waits_for_running_jobs_and_sigint_cancels_them(
 def test_sigterm_to_nightly_cancels_its_slurm_jobs(
     slurm_cluster: SlurmCluster,
     profiles_env: dict[str, str],
-    summary: list[str],
+    summary: Callable[[str], None],
     tmp_path: Path,
 ) -> None:
     # What a CI timeout or a cron kill sends: the nightly turns it into Snakemake's cancel.
@@ -402,9 +395,7 @@ def test_sigterm_to_nightly_cancels_its_slurm_jobs(
         kill_session(proc)
     log = log_path.read_text(errors="replace")
     state = slurm_cluster.job_state(job_id)
-    summary.append(
-        f"nightly: SIGTERM -> job {job_id} {state}, exit {proc.returncode} after {exit_s:.1f}s"
-    )
+    summary(f"nightly: SIGTERM -> job {job_id} {state}, exit {proc.returncode} after {exit_s:.1f}s")
     assert proc.returncode == 128 + signal.SIGTERM, log[-3000:]
     assert state == "CANCELLED", log[-3000:]
     assert "SIGTERM: cancelling snakemake's jobs" in log
