@@ -7,6 +7,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
@@ -35,7 +38,25 @@ for _group in NUMERIC_GROUPS:
             for key, value in config[_group].items()
         }
 
-validate(config, workflow.source_path("../config/config.schema.yaml"))
+
+def _config_problem(config, schema_path):
+    """The config's worst schema violation as one line, or None. (Snakemake's validate names it
+    too, but then prints the whole schema and config, a hundred lines for one typo.)"""
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    error = best_match(Draft202012Validator(schema).iter_errors(config))
+    if error is None:
+        return None
+    where = ".".join(str(part) for part in error.absolute_path)
+    hint = "config/config.schema.yaml has each key's type and bounds"
+    if error.validator == "additionalProperties":
+        hint = "the keys here: " + ", ".join(error.schema["properties"])
+    return f"config{' ' + where if where else ''}: {error.message}; {hint}"
+
+
+_SCHEMA = workflow.source_path("../config/config.schema.yaml")
+if _problem := _config_problem(config, _SCHEMA):
+    raise WorkflowError(_problem)
+validate(config, _SCHEMA)  # for the schema's defaults
 
 
 def _not_finite(node, where):

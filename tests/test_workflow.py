@@ -166,12 +166,22 @@ def test_config_numbers_from_the_command_line_and_impossible_ones(tmp_path: Path
         ("default_timeout_min={bench: nan}", "config default_timeout_min.bench: not a finite"),
         ("runtime_margin_min=inf", "inf is greater than the maximum of 43200"),
         ("default_timeout_min={smoke: 50000}", "50000 is greater than the maximum of 43200"),
-        ("runtime_factor=50", "50 is greater than the maximum of 10"),
+        ("runtime_factor=50", "config runtime_factor: 50 is greater than the maximum of 10"),
+        ("stages=[env_check,smok]", "config stages.1: 'smok' is not one of ['env_check', "),
+        (
+            "runtime_factr=2",
+            (
+                "config: Additional properties are not allowed ('runtime_factr' was unexpected); "
+                "the keys here: recipes, stages, "
+            ),
+        ),
+        ("recipes={glob: [a]}", "config recipes: Additional properties are not allowed"),
     ):
         proc = snakemake(work, "-n", "--config", config)
         text = proc.stdout + proc.stderr
         assert proc.returncode != 0 and reason in text, (config, text[-2000:])
         assert "InputFunctionException" not in text and "Traceback" not in text, config
+        assert "$schema" not in text, config  # one line, not the schema and config printed
 
 
 def test_recipes_from_globs_files_and_excludes(tmp_path: Path) -> None:
