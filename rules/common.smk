@@ -3,6 +3,7 @@ import glob
 import math
 import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,6 @@ from pathlib import Path
 import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
-from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from recipeval.names import SAFE_NAME_PATTERN
@@ -39,6 +39,14 @@ for _group in NUMERIC_GROUPS:
         }
 
 
+def _refuse(message):
+    """Stop before any job is planned with `message` alone. A WorkflowError would add a stub of
+    Snakemake's traceback (`File ".../common.smk", line N, in <module>`) that points into this
+    file instead of at the user's config or recipe."""
+    print(f"recipeval workflow: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
 def _config_problem(config, schema_path):
     """The config's worst schema violation as one line, or None. (Snakemake's validate names it
     too, but then prints the whole schema and config, a hundred lines for one typo.)"""
@@ -55,7 +63,7 @@ def _config_problem(config, schema_path):
 
 _SCHEMA = workflow.source_path("../config/config.schema.yaml")
 if _problem := _config_problem(config, _SCHEMA):
-    raise WorkflowError(_problem)
+    _refuse(_problem)
 validate(config, _SCHEMA)  # for the schema's defaults
 
 
@@ -76,7 +84,7 @@ def _not_finite(node, where):
 
 
 if _bad := _not_finite(config, ""):
-    raise WorkflowError(f"config {_bad}: not a finite number; give a number")
+    _refuse(f"config {_bad}: not a finite number; give a number")
 
 RESULTS = config["results"]
 # When this snakemake run began: the closing summary marks what an interrupted run left older.
@@ -109,7 +117,7 @@ def _recipe_paths(selection):
     paths |= set(selection["files"])
     for folder in selection["sweeps"]:
         if not os.path.isdir(folder):
-            raise WorkflowError(
+            _refuse(
                 f"config recipes.sweeps: {folder} is not a folder (write one with "
                 "`recipeval layouts RECIPE --emit DIR` or `recipeval ablate A B --emit DIR`)"
             )
@@ -153,9 +161,9 @@ def recipe_table(selection):
             continue
         rows[row.name] = row
     if problems:
-        raise WorkflowError("invalid recipes:\n" + "\n".join(problems))
+        _refuse("invalid recipes:\n" + "\n".join(problems))
     if not rows:
-        raise WorkflowError(
+        _refuse(
             f"no recipe files selected: config recipes is {dict(selection)} "
             f"(relative to {os.getcwd()})"
         )

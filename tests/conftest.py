@@ -137,9 +137,9 @@ if LoadScopeScheduling is not None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The lines tests recorded as TERMINAL_SUMMARY. They travel in the test reports (read from
-    each test's teardown report, which holds all of them), so pytest-xdist's workers' reach the
-    terminal too."""
+    """The lines tests recorded as TERMINAL_SUMMARY. They travel in the test reports (each
+    test's teardown report holds all of its lines), so lines recorded on a pytest-xdist worker,
+    which has no terminal of its own, reach this one."""
     lines = [
         value
         for reports in terminalreporter.stats.values()

@@ -149,6 +149,16 @@ def test_a_stage_without_a_recipe_timeout_gets_the_configured_default(tmp_path: 
     assert re.search(r"\bruntime=43\b", proc.stdout), proc.stdout  # 30 min x 1.1 + 10
 
 
+def refused(proc: subprocess.CompletedProcess) -> str:
+    """What snakemake printed when the workflow refused its config or recipes before planning:
+    our line, with no traceback and no stub of one (`File ".../common.smk", line N`)."""
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text[-2000:]
+    assert "Traceback" not in text and 'common.smk", line' not in text, text[-2000:]
+    assert "InputFunctionException" not in text, text[-2000:]
+    return text
+
+
 def test_config_numbers_from_the_command_line_and_impossible_ones(tmp_path: Path) -> None:
     """Nested --config values reach the workflow as strings ('30' was refused as "not of type
     'number'"); nan passed every bound and inf every bound but none, and both ended in a
@@ -164,8 +174,11 @@ def test_config_numbers_from_the_command_line_and_impossible_ones(tmp_path: Path
     for config, reason in (
         ("runtime_factor=nan", "config runtime_factor: not a finite number; give a number"),
         ("default_timeout_min={bench: nan}", "config default_timeout_min.bench: not a finite"),
-        ("runtime_margin_min=inf", "inf is greater than the maximum of 43200"),
-        ("default_timeout_min={smoke: 50000}", "50000 is greater than the maximum of 43200"),
+        ("runtime_margin_min=inf", "config runtime_margin_min: inf is greater than the maximum"),
+        (
+            "default_timeout_min={smoke: 50000}",
+            "config default_timeout_min.smoke: 50000 is greater than the maximum of 43200",
+        ),
         ("runtime_factor=50", "config runtime_factor: 50 is greater than the maximum of 10"),
         ("stages=[env_check,smok]", "config stages.1: 'smok' is not one of ['env_check', "),
         (
@@ -176,11 +189,10 @@ def test_config_numbers_from_the_command_line_and_impossible_ones(tmp_path: Path
             ),
         ),
         ("recipes={glob: [a]}", "config recipes: Additional properties are not allowed"),
+        ("recipes={sweeps: [no-such]}", "config recipes.sweeps: no-such is not a folder"),
     ):
-        proc = snakemake(work, "-n", "--config", config)
-        text = proc.stdout + proc.stderr
-        assert proc.returncode != 0 and reason in text, (config, text[-2000:])
-        assert "InputFunctionException" not in text and "Traceback" not in text, config
+        text = refused(snakemake(work, "-n", "--config", config))
+        assert f"recipeval workflow: {reason}" in text, (config, text[-2000:])
         assert "$schema" not in text, config  # one line, not the schema and config printed
 
 
@@ -202,25 +214,19 @@ def test_recipes_from_globs_files_and_excludes(tmp_path: Path) -> None:
 def test_bad_recipe_stops_the_plan_with_file_line_and_key(tmp_path: Path) -> None:
     work = _workdir(tmp_path, TINY)
     _copy_recipe(TINY, work / "recipes/local/broken.yaml", "broken", **{"layers: 2": "layers: -2"})
-    proc = snakemake(work, "-n")
-    assert proc.returncode != 0
-    text = proc.stdout + proc.stderr
+    text = refused(snakemake(work, "-n"))
     assert re.search(r"recipes/local/broken\.yaml:\d+: model\.layers: ", text), text
-    assert "Traceback" not in text
 
 
 def test_empty_selection_is_refused(tmp_path: Path) -> None:
     proc = snakemake(_workdir(tmp_path), "-n", "--config", "recipes={globs: [recipes/none/*.yaml]}")
-    assert proc.returncode != 0
-    assert "no recipe files selected" in proc.stdout + proc.stderr
+    assert "recipeval workflow: no recipe files selected" in refused(proc)
 
 
 def test_duplicate_recipe_names_are_refused(tmp_path: Path) -> None:
     work = _workdir(tmp_path, TINY)
     shutil.copy(TINY, work / "recipes/local/again.yaml")
-    proc = snakemake(work, "-n")
-    assert proc.returncode != 0
-    assert "name 'tiny-grpo-cpu' is also used by" in proc.stdout + proc.stderr
+    assert "name 'tiny-grpo-cpu' is also used by" in refused(snakemake(work, "-n"))
 
 
 def test_install_profiles_links_into_the_user_config_folder(tmp_path: Path) -> None:
