@@ -57,8 +57,9 @@ def _config_problem(config, schema_path):
     where = ".".join(str(part) for part in error.absolute_path)
     hint = "config/config.schema.yaml has each key's type and bounds"
     if error.validator == "additionalProperties":
-        hint = "the keys here: " + ", ".join(error.schema["properties"])
-    return f"config{' ' + where if where else ''}: {error.message}; {hint}"
+        hint = f"the keys here: {', '.join(error.schema['properties'])}"
+    key = f"config {where}" if where else "config"
+    return f"{key}: {error.message}; {hint}"
 
 
 _SCHEMA = workflow.source_path("../config/config.schema.yaml")
