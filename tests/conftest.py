@@ -103,9 +103,10 @@ def shares_the_slurm_worker(module: str) -> bool:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The *slurm* modules first: their work unit, the longest, starts at once instead of
-    holding one worker after the other has finished."""
-    items.sort(key=lambda item: not shares_the_slurm_worker(module_of(item)))
+    """On pytest-xdist workers, the *slurm* modules first: their work unit, the longest, starts
+    at once instead of holding one worker after the other has finished."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: not shares_the_slurm_worker(module_of(item)))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
