@@ -91,9 +91,9 @@ def kill_session(leader: subprocess.Popen) -> None:
     leader.wait()
 
 
-def module_of(item: pytest.Item) -> str:
-    """The test file an item comes from, as its node id names it."""
-    return item.nodeid.split("::")[0]
+def module_of(nodeid: str) -> str:
+    """The test file of a node id."""
+    return nodeid.split("::")[0]
 
 
 def shares_the_slurm_worker(module: str) -> bool:
@@ -106,15 +106,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """On pytest-xdist workers, the *slurm* modules first: their work unit, the longest, starts
     at once instead of holding one worker after the other has finished."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: not shares_the_slurm_worker(module_of(item)))
+        items.sort(key=lambda item: not shares_the_slurm_worker(module_of(item.nodeid)))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test that uses a Slurm cluster fails before its cluster starts unless it lives in a
     *slurm* module, where it cannot meet another worker's cluster."""
-    if SLURM_FIXTURES & set(item.fixturenames) and not shares_the_slurm_worker(module_of(item)):
+    module = module_of(item.nodeid)
+    if SLURM_FIXTURES & set(item.fixturenames) and not shares_the_slurm_worker(module):
         pytest.fail(
-            f"{module_of(item)} uses a Slurm cluster fixture: move the test to a module whose "
+            f"{module} uses a Slurm cluster fixture: move the test to a module whose "
             "name contains 'slurm' (those share one pytest-xdist worker)",
             pytrace=False,
         )
@@ -128,7 +129,7 @@ if LoadScopeScheduling is not None:
         longer reads.)"""
 
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::")[0]
+            module = module_of(nodeid)
             return "slurm" if shares_the_slurm_worker(module) else module
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling:
