@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -177,6 +178,36 @@ def test_interrupting_snakemake_cancels_its_slurm_jobs(
     while slurm_cluster.job_state(job_id) != "CANCELLED" and time.monotonic() < deadline:
         time.sleep(0.2)
     assert slurm_cluster.job_state(job_id) == "CANCELLED", rest[-2000:]
+    deadline = time.monotonic() + 30
+    while slurm_cluster.job_processes(job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert slurm_cluster.job_processes(job_id) == []
+
+
+def test_a_process_that_left_its_job_is_ended_with_the_job(slurm_cluster: SlurmCluster) -> None:
+    # A job step whose batch shell dies first is re-parented; Snakemake's remote job under a
+    # time limit is one. Real clusters track jobs by cgroup and end it; so must the test cluster,
+    # or a test finds it running after the job and a run on a loaded machine flakes.
+    tracker = slurm_cluster.run(["scontrol", "show", "config"]).stdout
+    if "proctrack/cgroup" not in tracker:
+        message = "the test cluster tracks processes by parentage here (no writable cgroup freezer)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but {message}", pytrace=False)
+        pytest.skip(message)
+    job_id = slurm_cluster.sbatch(
+        "--output=/dev/null",
+        "--wrap",
+        "setsid bash -c 'trap \"\" TERM; exec sleep 300' & sleep 300",
+    )
+
+    def sleepers() -> int:
+        return sum(p.endswith(" sleep 300") for p in slurm_cluster.job_processes(job_id))
+
+    deadline = time.monotonic() + 30
+    while sleepers() < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sleepers() == 2, slurm_cluster.job_processes(job_id)
+    slurm_cluster.run(["scancel", job_id])
     deadline = time.monotonic() + 30
     while slurm_cluster.job_processes(job_id) and time.monotonic() < deadline:
         time.sleep(0.2)

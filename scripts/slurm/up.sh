@@ -105,6 +105,20 @@ SlurmdLogFile=$SLURM_TEST_DIR/log/slurmd-%n.log"
     done)
 fi
 
+# Job processes are tracked by cgroup, as on real clusters, where the container lets slurmd make
+# cgroups: a process that leaves its parent (setsid, a killed batch shell) is still killed at the
+# time limit or scancel. proctrack/linuxproc follows parent links only and loses such a process.
+cgroup_root=/sys/fs/cgroup
+if mkdir "$cgroup_root/freezer/recipeval_probe_$$" 2>/dev/null; then
+    rmdir "$cgroup_root/freezer/recipeval_probe_$$"
+    proctrack=proctrack/cgroup
+    proctrack_comment="processes tracked by the cgroup v1 freezer ($cgroup_root/freezer is writable here)"
+else
+    proctrack=proctrack/linuxproc
+    proctrack_comment="no writable cgroup v1 freezer: processes tracked by parentage, a re-parented one escapes"
+    log "warning: $cgroup_root/freezer is not writable; job processes are tracked by parentage (proctrack/linuxproc), and one whose parent died survives the job's end"
+fi
+
 cat >"$SLURM_TEST_DIR/etc/slurm.conf" <<CONF
 # Written by scripts/slurm/up.sh: a test cluster of $SLURM_TEST_NODE_COUNT node(s), no accounting database.
 ClusterName=recipeval-ci
@@ -125,9 +139,8 @@ SlurmctldDebug=info
 SlurmdDebug=info
 MpiDefault=none
 SwitchType=switch/none
-# No cgroup plugins, so nothing depends on the container's cgroups: processes are tracked by
-# parentage, CPUs bound by affinity (task/none makes srun warn "lacks support for cpu binding").
-ProctrackType=proctrack/linuxproc
+# $proctrack_comment
+ProctrackType=$proctrack
 TaskPlugin=task/affinity
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
@@ -156,6 +169,18 @@ CONF
 for node in "${SLURM_TEST_NODES[@]}"; do
     echo "NodeName=$node Name=gpu Type=$SLURM_TEST_GPU_TYPE File=$gpu_range"
 done >"$SLURM_TEST_DIR/etc/gres.conf"
+
+if [[ $proctrack == proctrack/cgroup ]]; then
+    # Tracking only: no limits, so a test job behaves as it would without cgroups.
+    cat >"$SLURM_TEST_DIR/etc/cgroup.conf" <<CONF
+CgroupPlugin=cgroup/v1
+CgroupMountpoint=$cgroup_root
+CgroupAutomount=no
+ConstrainCores=no
+ConstrainRAMSpace=no
+ConstrainDevices=no
+CONF
+fi
 
 link_default_conf
 
