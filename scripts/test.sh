@@ -18,13 +18,11 @@ marker=()
 if [ "${RECIPEVAL_SLURM_E2E:-1}" = 0 ]; then
   marker=(-m "not slurm_e2e")
 fi
-# RECIPEVAL_TEST_WORKERS=2 runs the suite on two pytest-xdist workers, in about 55 % of the
-# time (much of it waits on subprocesses, Ray and Slurm). Not the default: under the other
-# worker's load, the Slurm time-limit retry test once found the killed attempt's snakemake
-# still running (the test cluster's proctrack/linuxproc loses a process whose parent died
-# first). tests/conftest.py's scheduler keeps a module on one worker and the Slurm modules
-# together; --no-loadscope-reorder keeps its order (the Slurm modules first).
-workers=(-n "${RECIPEVAL_TEST_WORKERS:-0}" --no-loadscope-reorder)
+# Two pytest-xdist workers: much of the suite waits on subprocesses (Ray, Snakemake, Slurm),
+# so two take about 55 % of one's time on two cores. RECIPEVAL_TEST_WORKERS=0 runs one process.
+# tests/conftest.py's scheduler keeps a module on one worker and the Slurm modules together;
+# --no-loadscope-reorder keeps its order (the Slurm modules first).
+workers=(-n "${RECIPEVAL_TEST_WORKERS:-2}" --no-loadscope-reorder)
 # --durations: the slowest tests in every CI log, to keep the suite inside its time budget.
 .venv/bin/python -m pytest "${workers[@]}" --durations=25 "${marker[@]}" "$@"
 rc=$?
