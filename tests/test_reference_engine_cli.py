@@ -127,6 +127,13 @@ def test_log_lines_are_miles_format_and_dump_is_complete(tmp_path):
         ("rollout", "1"): 1,
         ("step", "1"): 1,
     }
+    # The process names miles' loggers carry (miles/utils/audit_utils/process_identity.py).
+    assert {(m["name"], m["kind"]) for m in lines} == {
+        ("rollout_manager", "perf"),
+        ("actor_cell0_rank0", "perf"),
+        ("actor_cell0_rank0", "rollout"),
+        ("actor_cell0_rank0", "step"),
+    }
     parsed = parse_lines(done.stdout.splitlines())
     assert parsed.malformed_count == 0
     steps = parsed.steps

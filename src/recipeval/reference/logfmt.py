@@ -14,7 +14,7 @@ DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 # Logger names as miles' process identities spell them.
 MAIN = "main"
-ROLLOUT = "rollout_executor"
+ROLLOUT = "rollout_manager"
 TRAINER = "actor_cell0_rank0"
 
 
