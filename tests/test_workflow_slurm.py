@@ -203,6 +203,12 @@ def assert_nothing_left(cluster: SlurmCluster, job_ids: list[str], workdir: Path
         raise AssertionError(f"processes left: {leftovers()}") from None
 
 
+def settled_state(cluster: SlurmCluster, job_id: str) -> str:
+    """The job's state once Slurm is done with it: scancel is asynchronous, and a cancelled job
+    stays COMPLETING until every process of its cgroup has ended (KillWait, then SIGKILL)."""
+    return cluster.wait_job(job_id, time.monotonic(), timeout=30).state
+
+
 def report(
     run: Run, cluster: SlurmCluster, summary: Callable[[str], None], title: str
 ) -> dict[str, dict]:
@@ -361,7 +367,7 @@ def test_sigterm_waits_for_running_jobs_and_sigint_cancels_them(
         kill_session(proc)
     log = log_path.read_text(errors="replace")
     print("\n".join(m.group(0) for m in SUBMITTED_LINE.finditer(log)))
-    state = slurm_cluster.job_state(job_id)
+    state = settled_state(slurm_cluster, job_id)
     summary(
         f"cancel: SIGTERM kept job {job_id} running; SIGINT -> {state}, snakemake "
         f"exit {proc.returncode} after {exit_s:.1f}s"
@@ -394,7 +400,7 @@ def test_sigterm_to_nightly_cancels_its_slurm_jobs(
     finally:
         kill_session(proc)
     log = log_path.read_text(errors="replace")
-    state = slurm_cluster.job_state(job_id)
+    state = settled_state(slurm_cluster, job_id)
     summary(f"nightly: SIGTERM -> job {job_id} {state}, exit {proc.returncode} after {exit_s:.1f}s")
     assert proc.returncode == 128 + signal.SIGTERM, log[-3000:]
     assert state == "CANCELLED", log[-3000:]
