@@ -141,6 +141,7 @@ MpiDefault=none
 SwitchType=switch/none
 # $proctrack_comment
 ProctrackType=$proctrack
+# CPUs bound by affinity (task/none makes srun warn "lacks support for cpu binding").
 TaskPlugin=task/affinity
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
@@ -180,6 +181,8 @@ ConstrainCores=no
 ConstrainRAMSpace=no
 ConstrainDevices=no
 CONF
+else
+    rm -f "$SLURM_TEST_DIR/etc/cgroup.conf"
 fi
 
 link_default_conf
