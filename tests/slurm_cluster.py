@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -235,14 +236,19 @@ def _unavailable_reason() -> str | None:
     return None
 
 
+def skip_or_fail_under_ci(reason: str, what_fails: str) -> NoReturn:
+    """Skip the calling test for `reason`; under CI=true fail instead, naming `what_fails`:
+    CI must run every Slurm test."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but {what_fails}: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def require_slurm_machine() -> None:
     """Skip the calling test when this machine cannot run Slurm; fail instead when CI=true."""
     reason = _unavailable_reason()
-    if reason is None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true but the Slurm test cluster cannot run: {reason}", pytrace=False)
-    pytest.skip(reason)
+    if reason is not None:
+        skip_or_fail_under_ci(reason, "the Slurm test cluster cannot run")
 
 
 def _run_script(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from slurm_cluster import (  # noqa: F401  (slurm_cluster_fixture provides `slur
     processes_of,
     require_slurm_machine,
     run_two_rule_workflow,
+    skip_or_fail_under_ci,
     slurm_cluster_fixture,
     start_cluster,
     stop_cluster,
@@ -190,10 +190,10 @@ def test_a_process_that_left_its_job_is_ended_with_the_job(slurm_cluster: SlurmC
     # or a test finds it running after the job and a run on a loaded machine flakes.
     tracker = slurm_cluster.run(["scontrol", "show", "config"]).stdout
     if "proctrack/cgroup" not in tracker:
-        message = "the test cluster tracks processes by parentage here (no writable cgroup freezer)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but {message}", pytrace=False)
-        pytest.skip(message)
+        skip_or_fail_under_ci(
+            "no writable cgroup freezer: the test cluster tracks processes by parentage",
+            "a re-parented job process outlives its job",
+        )
     job_id = slurm_cluster.sbatch(
         "--output=/dev/null",
         "--wrap",
